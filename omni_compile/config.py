@@ -1,0 +1,144 @@
+"""Typed configuration.
+
+Each field carries a docstring. `compute_hash()` covers exactly the fields that change generated
+code; `from_dict` rejects unknown keys so a typo is an error, not a silently ignored option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omni_compile.errors import ConfigError
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {name!r}; use one of bf16, fp16, fp32") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
+
+
+_BUCKET_RE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?(?:@(\d+))?$")
+
+
+@dataclass(frozen=True, order=True)
+class ShapeBucket:
+    """One static input shape the build compiles for: pixels height x width [x frames], and batch."""
+
+    height: int
+    width: int
+    frames: int | None = None
+    batch: int = 1
+
+    @classmethod
+    def parse(cls, text: str, default_batch: int = 1) -> "ShapeBucket":
+        m = _BUCKET_RE.match(text.strip().lower())
+        if not m:
+            raise ConfigError(
+                f"malformed shape {text!r}: expected HEIGHTxWIDTH or HEIGHTxWIDTHxFRAMES, "
+                "optionally @BATCH (e.g. 1024x1024, 480x832x81, 512x512@2)"
+            )
+        h, w, f, b = m.groups()
+        bucket = cls(int(h), int(w), int(f) if f else None, int(b) if b else default_batch)
+        if min(bucket.height, bucket.width, bucket.batch) <= 0 or (bucket.frames is not None and bucket.frames <= 0):
+            raise ConfigError(f"shape {text!r} has a zero dimension; every dimension must be positive")
+        return bucket
+
+    @classmethod
+    def parse_list(cls, text: str | list[str], default_batch: int = 1) -> list["ShapeBucket"]:
+        items = text.split(",") if isinstance(text, str) else list(text)
+        items = [t for t in (i.strip() for i in items) if t]
+        if not items:
+            raise ConfigError("no shapes given: pass --shapes like 1024x1024 (or 480x832x81 for video)")
+        buckets = [cls.parse(t, default_batch) for t in items]
+        return sorted(set(buckets), key=buckets.index)
+
+    def __str__(self) -> str:
+        s = f"{self.height}x{self.width}"
+        if self.frames is not None:
+            s += f"x{self.frames}"
+        return s + (f"@{self.batch}" if self.batch != 1 else "")
+
+
+def _field_docs(cls) -> dict[str, str]:
+    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+def _from_dict(cls, data: dict[str, Any]):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} key(s) {unknown}; valid keys are {sorted(known)}")
+    return cls(**data)
+
+
+@dataclass
+class CompileConfig:
+    """How omni-compile compiles the regions of a model."""
+
+    passes: list[str] = field(
+        default_factory=list,
+        metadata={"doc": "Pass switches applied in order over each pass's default: '+name' or 'name' enables, "
+                  "'-name' disables, 'none' disables all, 'all' enables all."},
+    )
+    pass_options: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata={"doc": "Per-pass options by pass name, e.g. {'rms_norm': {'semantics': ['torch']}}."},
+    )
+    fullgraph: bool = field(
+        default=True, metadata={"doc": "Each region must trace as one graph; a graph break is an error."}
+    )
+    canonicalize_strides: bool = field(
+        default=True,
+        metadata={"doc": "Give size-1 dimensions of region inputs contiguous strides (a free view) so instances "
+                  "fed by views and by fresh tensors share one compiled graph."},
+    )
+    dump_dir: str | None = field(
+        default=None,
+        metadata={"doc": "Write each region's Dynamo graph and the post-grad graph before/after every pass here."},
+    )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompileConfig":
+        return _from_dict(cls, data)
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        return _field_docs(cls)
+
+    def compute_hash(self) -> str:
+        """Hash of the fields that change generated code (dump_dir does not)."""
+        factors = {
+            "passes": list(self.passes),
+            "pass_options": self.pass_options,
+            "fullgraph": self.fullgraph,
+            "canonicalize_strides": self.canonicalize_strides,
+        }
+        return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,148 @@
+"""The pass manager: the one object installed as Inductor's `post_grad_custom_post_pass`.
+
+It runs the enabled passes in their fixed order over each post-grad graph, times each, records a
+match table for the region being compiled, and can dump the graph before and after every pass. Its
+`uuid()` combines the uuids of the enabled passes, so Inductor's FX-graph cache keys change when
+(and only when) a pass is toggled, its options change, or its source changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from omni_compile import envs
+from omni_compile.config import CompileConfig
+from omni_compile.counters import counters
+from omni_compile.errors import ConfigError
+from omni_compile.passes.base import OmniPass
+from omni_compile.passes.lower_fused_ops import LowerFusedOpsPass
+from omni_compile.passes.rms_norm import RMSNormPass
+from omni_compile.platform import Platform
+
+logger = logging.getLogger("omni_compile.passes")
+
+# The fixed order passes run in. Fusion passes first, lowering of fused ops last.
+PASS_ORDER: tuple[type[OmniPass], ...] = (RMSNormPass, LowerFusedOpsPass)
+PASSES: dict[str, type[OmniPass]] = {cls.name: cls for cls in PASS_ORDER}
+
+
+def resolve_enabled(switches: list[str]) -> list[str]:
+    """Apply '+name' / '-name' / 'none' / 'all' switches, in order, over each pass's default."""
+    enabled = {name for name, cls in PASSES.items() if cls.enabled_by_default}
+    for raw in switches:
+        for item in (s.strip() for s in raw.split(",")):
+            if not item:
+                continue
+            if item in ("all", "none"):
+                enabled = set(PASSES) if item == "all" else set()
+                continue
+            sign, name = (item[0], item[1:]) if item[0] in "+-" else ("+", item)
+            if name not in PASSES:
+                raise ConfigError(f"unknown pass {name!r} in switch {item!r}; passes are {', '.join(PASSES)}")
+            (enabled.add if sign == "+" else enabled.discard)(name)
+    return [name for name in PASSES if name in enabled]
+
+
+@functools.cache
+def _pattern_pass(cls: type[OmniPass], options_json: str) -> OmniPass:
+    # Tracing patterns costs time; a pass with the same options is built once per process.
+    return cls(json.loads(options_json))
+
+
+@dataclass
+class PassRun:
+    name: str
+    matches: int
+    seconds: float
+
+
+@dataclass
+class PassLog:
+    """What the passes did to one post-grad graph (one region at one bucket)."""
+
+    label: str
+    dump_dir: Path | None = None
+    runs: list[PassRun] = field(default_factory=list)
+    resolutions: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def ran(self) -> bool:
+        return bool(self.runs)
+
+    def matches(self) -> dict[str, int]:
+        return {r.name: r.matches for r in self.runs}
+
+
+_current_log: contextvars.ContextVar[PassLog | None] = contextvars.ContextVar("omni_compile_pass_log", default=None)
+
+
+class PassManager(CustomGraphPass):
+    def __init__(self, config: CompileConfig, platform: Platform):
+        switches = list(config.passes)
+        if envs.passes_override():
+            switches.append(envs.passes_override())
+        self.enabled = resolve_enabled(switches)
+        unknown = sorted(set(config.pass_options) - set(PASSES))
+        if unknown:
+            raise ConfigError(f"pass_options names unknown pass(es) {unknown}; passes are {', '.join(PASSES)}")
+        self.platform = platform
+        self.passes: list[OmniPass] = []
+        for name in self.enabled:
+            cls = PASSES[name]
+            options = config.pass_options.get(name, {})
+            if cls is LowerFusedOpsPass:
+                p = LowerFusedOpsPass(options, platform=platform)
+            else:
+                p = _pattern_pass(cls, json.dumps(options, sort_keys=True))
+            if p.is_applicable(platform, config):
+                self.passes.append(p)
+
+    @contextlib.contextmanager
+    def recording(self, log: PassLog):
+        token = _current_log.set(log)
+        try:
+            yield log
+        finally:
+            _current_log.reset(token)
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        log = _current_log.get() or PassLog(label="<unattributed>")
+        counters.pass_manager_runs += 1
+        for i, p in enumerate(self.passes):
+            if log.dump_dir is not None:
+                _dump(log.dump_dir / f"{i}.{p.name}.before.py", graph)
+            t0 = time.perf_counter()
+            matches = int(p(graph) or 0)
+            graph.eliminate_dead_code()
+            seconds = time.perf_counter() - t0
+            log.runs.append(PassRun(p.name, matches, seconds))
+            counters.pass_matches[p.name] += matches
+            if isinstance(p, LowerFusedOpsPass):
+                log.resolutions.update({k: vars(v) for k, v in p.resolutions.items()})
+            if log.dump_dir is not None:
+                _dump(log.dump_dir / f"{i}.{p.name}.after.py", graph)
+        graph.lint()
+        summary = ", ".join(f"{r.name}={r.matches}" for r in log.runs) or "no passes"
+        logger.info("passes on %s: %s (%.1f ms)", log.label, summary, 1e3 * sum(r.seconds for r in log.runs))
+
+    def uuid(self) -> str:
+        parts = [(p.name, p.uuid()) for p in self.passes]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _dump(path: Path, graph: torch.fx.Graph) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    gm = graph.owning_module
+    text = gm.print_readable(print_output=False) if gm is not None else str(graph)
+    path.write_text(text)
