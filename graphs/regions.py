@@ -1,0 +1,119 @@
+"""Find the regions of a model: its repeated block classes, grouped by structure.
+
+A region is one block class whose instances share structure: the same module tree, the same
+parameter names, shapes and dtypes, and the same source code. It is traced once per shape bucket
+with its parameters as graph inputs, so one compiled graph serves every instance. Instances of one
+class that differ in structure (a block built with another config) form separate regions,
+`Class#1`, `Class#2`, and the discovery says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from omni_compile.errors import OmniCompileError
+
+logger = logging.getLogger("omni_compile.graphs")
+
+
+@dataclass
+class Region:
+    name: str
+    cls: type
+    structure_hash: str
+    instances: list[tuple[str, nn.Module]] = field(default_factory=list)
+
+    @property
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.instances]
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "class": f"{self.cls.__module__}.{self.cls.__qualname__}",
+            "structure_hash": self.structure_hash,
+            "instances": self.paths,
+        }
+
+
+def _class_source_hash(cls: type) -> str:
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        src = f"{cls.__module__}.{cls.__qualname__}"
+    return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
+def structure_signature(module: nn.Module) -> list:
+    """Everything about a block that its traced graph depends on, except the tensor values."""
+    sig = []
+    for path, sub in module.named_modules():
+        entry = [path, f"{type(sub).__module__}.{type(sub).__qualname__}", _class_source_hash(type(sub))]
+        for name, t in list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False)):
+            entry.append([name, list(t.shape), str(t.dtype), t.device.type])
+        # Plain attributes steer control flow inside forward (eps, heads, flags); include the simple ones.
+        attrs = {k: v for k, v in vars(sub).items()
+                 if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))}
+        entry.append(sorted((k, repr(v)) for k, v in attrs.items()))
+        procs = getattr(sub, "processor", None)
+        if procs is not None:
+            entry.append(f"processor={type(procs).__qualname__}")
+        sig.append(entry)
+    return sig
+
+
+def _hash(sig: list) -> str:
+    return hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()
+
+
+def block_class_names(model: nn.Module, declared: list[str] | None = None) -> list[str]:
+    names = list(declared if declared is not None else getattr(model, "_repeated_blocks", None) or [])
+    if not names:
+        raise OmniCompileError(
+            f"{type(model).__name__} declares no repeated blocks (_repeated_blocks is empty); "
+            "set `_repeated_blocks` on the class or pass the block class names to omni_compile.compile(..., regions=[...])"
+        )
+    return names
+
+
+def find_regions(model: nn.Module, block_names: list[str] | None = None) -> list[Region]:
+    names = block_class_names(model, block_names)
+    by_key: dict[tuple[str, str], Region] = {}
+    variants: dict[str, int] = {}
+    for path, module in model.named_modules():
+        cls_name = type(module).__name__
+        if cls_name not in names:
+            continue
+        # A block nested inside another region block is compiled as part of the outer one.
+        if any(path.startswith(p + ".") for r in by_key.values() for p in r.paths):
+            continue
+        h = _hash(structure_signature(module))
+        key = (cls_name, h)
+        if key not in by_key:
+            variants[cls_name] = variants.get(cls_name, 0) + 1
+            by_key[key] = Region(name=cls_name, cls=type(module), structure_hash=h)
+        by_key[key].instances.append((path, module))
+    missing = [n for n in names if n not in variants]
+    if len(missing) == len(names):
+        raise OmniCompileError(
+            f"none of the declared block classes {names} occurs in {type(model).__name__}; check the class names"
+        )
+    regions = list(by_key.values())
+    for cls_name, count in variants.items():
+        if count > 1:
+            group = [r for r in regions if r.name == cls_name]
+            for i, r in enumerate(group, 1):
+                r.name = f"{cls_name}#{i}"
+            logger.warning("%s instances differ in structure: compiled as %d separate regions", cls_name, count)
+    return regions
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+

@@ -1,0 +1,39 @@
+"""The generic adapter: any diffusers `ModelMixin` that declares `_repeated_blocks`.
+
+omni-compile knows nothing else about such a model, so its example inputs for a shape bucket come
+from the user: a function `fn(model, bucket, *, dtype, device, text_len, seed) -> dict of forward kwargs`,
+named on the command line as `--example-inputs module:function`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from omni_compile.errors import ConfigError
+from omni_compile.models.base import ModelAdapter
+
+
+class GenericAdapter(ModelAdapter):
+    family = "generic"
+
+    def __init__(self, cls: type[nn.Module], inputs_fn: Callable | None = None):
+        if not getattr(cls, "_repeated_blocks", None):
+            raise ConfigError(
+                f"{cls.__module__}.{cls.__qualname__} declares no `_repeated_blocks`; omni-compile compiles a model "
+                "region by region and needs the names of its repeated block classes"
+            )
+        self.cls = cls
+        self.inputs_fn = inputs_fn
+
+    def model_class(self):
+        return self.cls
+
+    def example_inputs(self, model, bucket, *, dtype, device, text_len=None, seed=0):
+        if self.inputs_fn is None:
+            raise ConfigError(
+                f"omni-compile has no adapter for {self.cls.__name__}, so it cannot invent its inputs: pass "
+                "--example-inputs module:function (fn(model, bucket, *, dtype, device, text_len, seed) -> kwargs)"
+            )
+        return self.inputs_fn(model, bucket, dtype=dtype, device=device, text_len=text_len, seed=seed)

@@ -1,0 +1,224 @@
+"""Regional JIT compilation: `omni_compile.compile(model, config)`.
+
+For each region (a repeated block class, see `omni_compile.graphs.regions`), one `torch.compile`d
+function is made from the class's `forward`, and every instance's `forward` is pointed at it. Dynamo
+traces a block with the module as an input, so its parameters become graph inputs and one compiled
+graph serves all instances. Our backend hands each captured graph to Inductor with the pass manager
+installed as the post-grad custom pass and records what happened (graph hash, time, pass matches,
+cache hits). The model keeps its forward signature, so it drops into a diffusers pipeline unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from omni_compile.config import CompileConfig
+from omni_compile.counters import counters
+from omni_compile.errors import ConfigError
+from omni_compile.graphs import Region, find_regions, graph_hash, input_signature
+from omni_compile.graphs.hashing import dump_graph
+from omni_compile.passes import PassLog, PassManager
+from omni_compile.platform import Platform, current_platform
+
+logger = logging.getLogger("omni_compile")
+
+# Dynamo recompiles one code object per bucket and layout; the default limit of 8 is too low for a
+# build with many buckets, and hitting it silently runs the block eagerly.
+_RECOMPILE_LIMIT = 256
+
+
+@dataclass
+class RegionCompile:
+    """One region compiled for one input signature (shape bucket and layout)."""
+
+    region: str
+    graph_hash: str
+    inputs: list
+    seconds: float
+    cache_hit: bool
+    passes: dict[str, int]
+    pass_seconds: float
+    resolutions: dict[str, dict]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "region": self.region,
+            "graph_hash": self.graph_hash,
+            "seconds": round(self.seconds, 3),
+            "cache_hit": self.cache_hit,
+            "passes": None if self.cache_hit else self.passes,
+            "pass_seconds": round(self.pass_seconds, 4),
+            "fused_op_implementations": self.resolutions,
+            "tensor_inputs": sum(1 for s in self.inputs if s[0] == "tensor"),
+        }
+
+
+@dataclass
+class CompileState:
+    """What `compile` attached to a model (as `model._omni_compile`)."""
+
+    config: CompileConfig
+    platform: Platform
+    pass_manager: PassManager
+    regions: list[Region]
+    records: list[RegionCompile] = field(default_factory=list)
+    on_region_compiled: Callable[[RegionCompile], None] | None = None
+
+    @property
+    def pass_uuid(self) -> str:
+        return self.pass_manager.uuid()
+
+
+class RegionBackend:
+    """The Dynamo backend for one region: Inductor with our pass manager, plus bookkeeping."""
+
+    def __init__(self, region: Region, state: CompileState):
+        self.region = region
+        self.state = state
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        from torch._inductor.compile_fx import compile_fx
+
+        ghash = graph_hash(gm, example_inputs)
+        label = f"{self.region.name}@{ghash[:12]}"
+        dump_dir = None
+        if self.state.config.dump_dir:
+            dump_dir = Path(self.state.config.dump_dir) / self.region.name / ghash[:12]
+            dump_graph(gm, dump_dir / "dynamo_graph.py")
+        log = PassLog(label=label, dump_dir=dump_dir)
+        counters.regions_compiled += 1
+        t0 = time.perf_counter()
+        pm = self.state.pass_manager
+        with pm.recording(log):
+            compiled = compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": pm})
+        record = RegionCompile(
+            region=self.region.name,
+            graph_hash=ghash,
+            inputs=input_signature(example_inputs),
+            seconds=time.perf_counter() - t0,
+            cache_hit=not log.ran,
+            passes=log.matches(),
+            pass_seconds=sum(r.seconds for r in log.runs),
+            resolutions=log.resolutions,
+        )
+        if record.cache_hit:
+            counters.region_cache_hits += 1
+        self.state.records.append(record)
+        logger.info("compiled %s in %.2fs%s", label, record.seconds, " (cache hit)" if record.cache_hit else "")
+        if self.state.on_region_compiled:
+            self.state.on_region_compiled(record)
+        return compiled
+
+
+def _canonical_strides(t: Any) -> Any:
+    """Give size-1 dims the stride a contiguous layout would have: a free view, same values.
+
+    Dynamo guards on strides, including those of size-1 dims, which carry no meaning. FLUX feeds its
+    first single-stream block a fresh tensor and the others a slice of a concatenation; at batch 1
+    the two differ only in the batch stride, and without this they compile twice.
+    """
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or 1 not in t.shape:
+        return t
+    strides = list(t.stride())
+    canon = list(strides)
+    for i in range(t.dim()):
+        if t.shape[i] == 1:
+            canon[i] = strides[i + 1] * t.shape[i + 1] if i + 1 < t.dim() else 1
+    if canon == strides:
+        return t
+    return t.as_strided(t.shape, canon, t.storage_offset())
+
+
+class RegionForward:
+    """Installed as `instance.forward`: calls the region's compiled function with the instance."""
+
+    def __init__(self, compiled: Callable, module: nn.Module, canonicalize: bool):
+        self.compiled = compiled
+        self.module = module
+        self.canonicalize = canonicalize
+
+    def __call__(self, *args, **kwargs):
+        if self.canonicalize:
+            args, kwargs = tree_map(_canonical_strides, (args, kwargs))
+        return self.compiled(self.module, *args, **kwargs)
+
+
+def _raise_recompile_limit() -> None:
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < _RECOMPILE_LIMIT:
+            setattr(cfg, name, _RECOMPILE_LIMIT)
+            break
+    if hasattr(cfg, "accumulated_recompile_limit") and cfg.accumulated_recompile_limit < 4 * _RECOMPILE_LIMIT:
+        cfg.accumulated_recompile_limit = 4 * _RECOMPILE_LIMIT
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def compile(
+    model: nn.Module,
+    config: CompileConfig | dict | None = None,
+    *,
+    regions: list[str] | None = None,
+    on_region_compiled: Callable[[RegionCompile], None] | None = None,
+) -> nn.Module:
+    """Compile `model`'s regions with Inductor and our passes (JIT, on first call per bucket).
+
+    `regions` names the block classes (default: the model's `_repeated_blocks`). Returns the same
+    module, whose forward signature is unchanged.
+    """
+    if isinstance(config, dict):
+        config = CompileConfig.from_dict(config)
+    config = config or CompileConfig()
+    if getattr(model, "_omni_compile", None) is not None:
+        raise ConfigError("this model is already compiled by omni-compile; call omni_compile.uncompile(model) first")
+    platform = current_platform(_model_device(model))
+    state = CompileState(
+        config=config,
+        platform=platform,
+        pass_manager=PassManager(config, platform),
+        regions=find_regions(model, regions),
+        on_region_compiled=on_region_compiled,
+    )
+    _raise_recompile_limit()
+    for region in state.regions:
+        fn = torch.compile(region.cls.forward, backend=RegionBackend(region, state), fullgraph=config.fullgraph,
+                           dynamic=False)
+        for _, module in region.instances:
+            module.forward = RegionForward(fn, module, config.canonicalize_strides)
+    model._omni_compile = state
+    logger.info("omni-compile: %d region(s) %s on %s, passes %s", len(state.regions),
+                [f"{r.name} x{len(r.instances)}" for r in state.regions], platform.kind, state.pass_manager.enabled)
+    return model
+
+
+def uncompile(model: nn.Module) -> nn.Module:
+    """Undo `compile`: every block runs its eager forward again."""
+    state = getattr(model, "_omni_compile", None)
+    if state is None:
+        return model
+    for region in state.regions:
+        for _, module in region.instances:
+            module.__dict__.pop("forward", None)
+    model._omni_compile = None
+    return model
+
+
+def compile_state(model: nn.Module) -> CompileState:
+    state = getattr(model, "_omni_compile", None)
+    if state is None:
+        raise ConfigError("this model was not compiled with omni_compile.compile")
+    return state
