@@ -1,0 +1,248 @@
+"""The `omni-compile build` driver.
+
+Resolves the model, compiles its regions for every shape bucket (one forward per bucket triggers the
+JIT compile of each region), and publishes an output directory holding `build_report.json` and
+Inductor's compiled-cache bundle (`inductor_cache.bin`, from `torch.compiler.save_cache_artifacts`),
+so a second process started with `--cache-from` warm-starts. The directory is written under a
+temporary name and renamed into place: a failed build never leaves a partial output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import omni_compile
+from omni_compile.compiler import RegionCompile, compile, compile_state
+from omni_compile.config import CompileConfig, ShapeBucket, dtype_name, parse_dtype
+from omni_compile.errors import ConfigError, OmniCompileError
+from omni_compile.graphs.regions import count_parameters
+from omni_compile.models import resolve_model
+
+logger = logging.getLogger("omni_compile.build")
+
+REPORT = "build_report.json"
+CACHE_BUNDLE = "inductor_cache.bin"
+
+
+@dataclass
+class BuildOptions:
+    model: str | None = None
+    shapes: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    out: str | None = None
+    seed: int = 0
+    text_len: int | None = None
+    example_inputs: str | None = None
+    model_config: dict[str, Any] | None = None
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    cache_from: str | None = None
+    force: bool = False
+
+
+@dataclass
+class BuildEvents:
+    """Callbacks the CLI uses for its progress display."""
+
+    on_stage: Callable[[str], None] = lambda msg: None
+    on_region_compiled: Callable[[RegionCompile], None] = lambda rec: None
+    on_bucket_done: Callable[[ShapeBucket, float, int], None] = lambda bucket, seconds, compiles: None
+
+
+def _resolve_device(requested: str | None, default: str | None) -> str:
+    device = requested or default or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but this machine has no CUDA GPU; use --device cpu")
+    if kind not in ("cuda", "cpu", "xpu"):
+        raise ConfigError(f"unsupported device {device!r}; use cuda, cpu or xpu")
+    return device
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ConfigError(f"output {out} exists and is not empty; pass --force to replace it or choose another --out")
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
+    events = events or BuildEvents()
+    t_start = time.perf_counter()
+    spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
+    dtype = parse_dtype(opts.dtype or spec.default_dtype)
+    device = _resolve_device(opts.device, spec.default_device)
+    shapes = opts.shapes or spec.default_shapes
+    if not shapes:
+        raise ConfigError(f"{spec.source} has no default shapes; pass --shapes (e.g. 1024x1024)")
+    buckets = ShapeBucket.parse_list(shapes)
+    for bucket in buckets:
+        spec.adapter.check_bucket(bucket)
+    out = Path(opts.out) if opts.out else None
+    if out is not None:
+        _check_out(out, opts.force)
+
+    warm = None
+    if opts.cache_from:
+        warm = _load_cache_bundle(Path(opts.cache_from))
+        events.on_stage(f"loaded Inductor cache bundle from {opts.cache_from} ({warm['bytes']} bytes)")
+
+    events.on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
+    t0 = time.perf_counter()
+    model = spec.load(dtype=dtype, device=device, seed=opts.seed)
+    _sync(device)
+    load_seconds = time.perf_counter() - t0
+
+    compile(model, opts.compile, regions=spec.adapter.block_names(model) or None,
+            on_region_compiled=events.on_region_compiled)
+    state = compile_state(model)
+    events.on_stage(
+        f"{len(state.regions)} region(s): "
+        + ", ".join(f"{r.name} x{len(r.instances)}" for r in state.regions)
+        + f"; passes: {', '.join(state.pass_manager.enabled) or 'none'}"
+    )
+
+    bucket_reports = []
+    for bucket in buckets:
+        inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device,
+                                             text_len=opts.text_len or spec.text_len, seed=opts.seed)
+        before = len(state.records)
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            output = model(**inputs)
+        _sync(device)
+        first_call = time.perf_counter() - t0
+        sample = output[0] if isinstance(output, (tuple, list)) else getattr(output, "sample", output)
+        finite = bool(torch.isfinite(sample).all())
+        if not finite:
+            logger.warning("bucket %s: the compiled forward produced non-finite values", bucket)
+        compiles = len(state.records) - before
+        events.on_bucket_done(bucket, first_call, compiles)
+        bucket_reports.append({
+            "bucket": str(bucket),
+            "first_call_seconds": round(first_call, 3),
+            "region_compiles": compiles,
+            "output_shape": list(sample.shape),
+            "output_finite": finite,
+        })
+
+    report = _report(spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm,
+                     time.perf_counter() - t_start)
+    if out is not None:
+        _publish(out, report, opts.force)
+    return report
+
+
+def _load_cache_bundle(path: Path) -> dict[str, Any]:
+    bundle = path / CACHE_BUNDLE if path.is_dir() else path
+    if not bundle.exists():
+        raise ConfigError(f"--cache-from {path}: no {CACHE_BUNDLE} there; point it at an `omni-compile build --out` "
+                          "directory")
+    data = bundle.read_bytes()
+    t0 = time.perf_counter()
+    try:
+        info = torch.compiler.load_cache_artifacts(data)
+    except Exception as e:  # a foreign or corrupt bundle is a user-facing problem
+        raise OmniCompileError(f"--cache-from {bundle}: cannot load the Inductor cache bundle ({e})") from None
+    return {"path": str(bundle), "bytes": len(data), "load_seconds": round(time.perf_counter() - t0, 3),
+            "artifacts": _cache_info(info)}
+
+
+def _cache_info(info) -> dict[str, int]:
+    if info is None:
+        return {}
+    kinds = ("inductor_artifacts", "aot_autograd_artifacts", "autotune_artifacts", "pgo_artifacts",
+             "precompile_artifacts")
+    return {k: len(getattr(info, k)) for k in kinds if isinstance(getattr(info, k, None), list)}
+
+
+def _report(spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm, total) -> dict[str, Any]:
+    records = state.records
+    matches: dict[str, int] = {}
+    for rec in records:
+        for name, n in rec.passes.items():
+            matches[name] = matches.get(name, 0) + n
+    regions = []
+    for region in state.regions:
+        recs = [r for r in records if r.region == region.name]
+        regions.append({**region.to_json(), "parameters_per_instance": count_parameters(region.instances[0][1]),
+                        "compiles": [r.to_json() for r in recs]})
+    resolutions: dict[str, dict] = {}
+    for rec in records:
+        resolutions.update(rec.resolutions)
+    config_json = json.dumps(spec.config, sort_keys=True, default=str)
+    return {
+        "schema": "omni-compile/build-report/1",
+        "omni_compile_version": omni_compile.__version__,
+        "model": {
+            "source": spec.source,
+            "family": spec.adapter.family,
+            "class": spec.adapter.model_class().__name__,
+            "config": json.loads(config_json),
+            "config_hash": hashlib.sha256(config_json.encode()).hexdigest(),
+            "weights": spec.weights if spec.weights != "random" else f"random seed {opts.seed}",
+            "parameters": count_parameters(model),
+        },
+        "dtype": dtype_name(dtype),
+        "device": device,
+        "platform": state.platform.to_json(),
+        "compile_config": state.config.to_json(),
+        "compile_config_hash": state.config.compute_hash(),
+        "passes": {"enabled": state.pass_manager.enabled, "uuid": state.pass_uuid, "matches": matches},
+        "fused_op_implementations": resolutions,
+        "regions": regions,
+        "buckets": bucket_reports,
+        "totals": {
+            "regions": len(state.regions),
+            "region_compiles": len(records),
+            "cache_hits": sum(r.cache_hit for r in records),
+            "compile_seconds": round(sum(r.seconds for r in records), 3),
+            "model_load_seconds": round(load_seconds, 3),
+            "wall_seconds": round(total, 3),
+        },
+        "warm_start": warm,
+        "host": socket.gethostname(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _publish(out: Path, report: dict[str, Any], force: bool) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            data, info = saved
+            (tmp / CACHE_BUNDLE).write_bytes(data)
+            report["cache_bundle"] = {"file": CACHE_BUNDLE, "bytes": len(data), "artifacts": _cache_info(info),
+                                      "sha256": hashlib.sha256(data).hexdigest()}
+        else:
+            report["cache_bundle"] = None
+        (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+        old = None
+        if out.exists():
+            _check_out(out, force)
+            old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

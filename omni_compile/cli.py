@@ -1,0 +1,188 @@
+"""The `omni-compile` command line.
+
+    omni-compile build [MODEL] --shapes 1024x1024 --dtype bf16 --device cuda --out DIR
+    omni-compile models
+    omni-compile passes
+
+User errors print one line (`omni-compile: error: ...`) and exit 2; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from omni_compile.errors import ConfigError, OmniCompileError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(2, f"omni-compile: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _json_arg(value: str | None, what: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    text = value
+    if not value.lstrip().startswith("{"):
+        path = Path(value)
+        if not path.exists():
+            raise ConfigError(f"{what} {value!r} is neither inline JSON nor an existing file")
+        text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} must be a JSON object")
+    return data
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="omni-compile", description="Compile diffusion transformers region by region.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("build", help="compile a model for shape buckets and write the build output")
+    b.add_argument("model", nargs="?", default=None,
+                   help="preset name (see `omni-compile models`), local diffusers directory, or module:Class "
+                        "(default: flux-tiny)")
+    b.add_argument("--shapes", help="comma-separated buckets HxW[xFRAMES][@BATCH], e.g. 1024x1024,512x512@2 "
+                                    "(default: the preset's)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the preset's)")
+    b.add_argument("--device", help="cuda, cpu or xpu (default: the preset's, else cuda when available)")
+    b.add_argument("--out", help="output directory (default: out/MODEL)")
+    b.add_argument("--force", action="store_true", help="replace an existing output directory")
+    b.add_argument("--passes", action="append", default=[],
+                   help="pass switches, e.g. -rms_norm, +rms_norm, none, all (repeatable; see `omni-compile passes`)")
+    b.add_argument("--config", help="CompileConfig as JSON (inline or a file); --passes apply on top")
+    b.add_argument("--dump-graphs", metavar="DIR", help="write each region's graphs before/after every pass to DIR")
+    b.add_argument("--cache-from", metavar="DIR", help="warm-start from the Inductor cache bundle of an earlier build")
+    b.add_argument("--seed", type=int, default=0, help="seed for random weights and example inputs (default 0)")
+    b.add_argument("--text-len", type=int, help="text tokens per prompt in the example inputs (default: the preset's)")
+    b.add_argument("--model-config", help="model config overrides as JSON (presets, module:Class)")
+    b.add_argument("--example-inputs", metavar="MODULE:FN",
+                   help="function making example inputs for models without an adapter")
+    b.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+
+    sub.add_parser("models", help="list model presets")
+    sub.add_parser("passes", help="list graph passes and their defaults")
+    return p
+
+
+def _cmd_build(args, console) -> int:
+    from omni_compile.build import BuildEvents, BuildOptions, build
+    from omni_compile.config import CompileConfig
+    from omni_compile.models import DEFAULT_MODEL
+
+    config = CompileConfig.from_dict(_json_arg(args.config, "--config") or {})
+    config.passes = [*config.passes, *args.passes]
+    if args.dump_graphs:
+        config.dump_dir = args.dump_graphs
+    if args.text_len is not None and args.text_len <= 0:
+        raise ConfigError(f"--text-len must be positive, got {args.text_len}")
+    name = args.model or DEFAULT_MODEL
+    out = args.out or str(Path("out") / Path(name.replace(":", "_")).name)
+    opts = BuildOptions(
+        model=args.model, shapes=args.shapes, dtype=args.dtype, device=args.device, out=out, seed=args.seed,
+        text_len=args.text_len, example_inputs=args.example_inputs,
+        model_config=_json_arg(args.model_config, "--model-config"), compile=config, cache_from=args.cache_from,
+        force=args.force,
+    )
+    log = (lambda *a, **k: None) if args.quiet else console.print
+
+    def region_done(rec):
+        how = "cache hit" if rec.cache_hit else ", ".join(f"{k}={v}" for k, v in rec.passes.items()) or "no passes"
+        log(f"  [green]compiled[/] {rec.region:<28} graph {rec.graph_hash[:10]}  {rec.seconds:6.2f}s  {how}")
+
+    def bucket_done(bucket, seconds, compiles):
+        log(f"  bucket [bold]{bucket}[/]: first call {seconds:.2f}s, {compiles} region compile(s)")
+
+    events = BuildEvents(on_stage=lambda m: log(f"[bold]>[/] {m}"), on_region_compiled=region_done,
+                         on_bucket_done=bucket_done)
+    report = build(opts, events)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_summary(console, report, out)
+    return 0
+
+
+def _print_summary(console, report, out) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"omni-compile build: {report['model']['source']} ({report['dtype']}, {report['device']})")
+    for col in ("region", "instances", "compiles", "cache hits", "compile s", "pass matches"):
+        t.add_column(col, justify="left" if col in ("region", "pass matches") else "right")
+    for r in report["regions"]:
+        comps = r["compiles"]
+        matches: dict[str, int] = {}
+        for c in comps:
+            for k, v in (c["passes"] or {}).items():
+                matches[k] = matches.get(k, 0) + v
+        t.add_row(r["name"], str(len(r["instances"])), str(len(comps)), str(sum(c["cache_hit"] for c in comps)),
+                  f"{sum(c['seconds'] for c in comps):.2f}", ", ".join(f"{k}={v}" for k, v in matches.items()) or "-")
+    console.print(t)
+    tot = report["totals"]
+    console.print(
+        f"{tot['regions']} regions, {tot['region_compiles']} compiles ({tot['cache_hits']} cache hits), "
+        f"{tot['compile_seconds']:.1f}s compiling, {tot['wall_seconds']:.1f}s total; "
+        f"buckets: " + ", ".join(f"{b['bucket']} {b['first_call_seconds']:.2f}s" for b in report["buckets"])
+    )
+    for name, res in report["fused_op_implementations"].items():
+        console.print(f"fused op {name}: {res['implementation']} ({res['reason']})")
+    console.print(f"wrote {out}/build_report.json" + (", inductor_cache.bin" if report.get("cache_bundle") else ""))
+
+
+def _cmd_models(console) -> int:
+    from rich.table import Table
+
+    from omni_compile.models import PRESETS
+
+    t = Table(title="model presets")
+    for col in ("name", "family", "default shapes", "dtype", "description"):
+        t.add_column(col)
+    for p in PRESETS.values():
+        t.add_row(p.name, p.family, p.default_shapes, p.default_dtype, p.description)
+    console.print(t)
+    console.print("MODEL may also be a local diffusers directory or module:Class (a ModelMixin with _repeated_blocks).")
+    return 0
+
+
+def _cmd_passes(console) -> int:
+    from omni_compile.passes import PASS_ORDER
+
+    for cls in PASS_ORDER:
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        console.print(f"{cls.name:<18} {'on ' if cls.enabled_by_default else 'off'}  {doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    args = _parser().parse_args(argv)
+    console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "build":
+            return _cmd_build(args, console)
+        if args.command == "models":
+            return _cmd_models(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
+        if args.command == "passes":
+            return _cmd_passes(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
+    except OmniCompileError as e:
+        print(f"omni-compile: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("omni-compile: interrupted; nothing was published", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
