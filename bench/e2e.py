@@ -1,0 +1,189 @@
+"""End-to-end benchmark: eager vs stock regional torch.compile vs omni-compile, side by side.
+
+    python bench/e2e.py --workloads W1,W2 --json results/e2e.json
+
+Each (workload, mode) runs in a fresh subprocess with its own empty Inductor cache directory, so
+cold compile times are really cold and no mode warms another's caches; the parent collects the
+results and prints one table. Modes:
+
+  eager       the diffusers model as is
+  stock       diffusers' `compile_repeated_blocks(fullgraph=True)` (stock Inductor, regional)
+  omni        `omni_compile.compile(model)` (regional, our passes); saves Inductor's cache bundle
+  omni-warm   a new process that loads omni's cache bundle first, then compiles (warm start)
+
+Per mode: first call (cold compile included), step latency (CUDA events on GPU, perf_counter on
+CPU; median/min/max over --steps after --warmup), peak memory, and the relative L2 error of the
+output against the eager output of the same weights and inputs (computed in the same process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKLOADS = {
+    # id: (preset, shape, dtype, device)
+    "W1": ("flux-dev", "1024x1024", "bf16", "cuda"),
+    "W2": ("wan-1.3b", "480x832x81", "bf16", "cuda"),
+    "W3": ("flux-dev", "512x512", "bf16", "cuda"),
+    "W4-flux": ("flux-tiny", "128x128", "fp32", "cpu"),
+    "W4-wan": ("wan-tiny", "64x96x9", "fp32", "cpu"),
+}
+MODES = ("eager", "stock", "omni", "omni-warm")
+
+
+def _rel_l2(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int) -> dict:
+    import torch
+
+    import omni_compile
+    from omni_compile.config import ShapeBucket, parse_dtype
+    from omni_compile.models import resolve_model
+
+    preset, shape, dtype_s, device = WORKLOADS[workload]
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"workload": workload, "mode": mode, "skipped": "no CUDA device"}
+    dtype = parse_dtype(dtype_s)
+    spec = resolve_model(preset)
+    bucket = ShapeBucket.parse(shape)
+    t0 = time.perf_counter()
+    model = spec.load(dtype=dtype, device=device, seed=seed)
+    inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device, text_len=spec.text_len, seed=seed)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    init_s = time.perf_counter() - t0
+
+    def step():
+        with torch.no_grad():
+            return model(**inputs)[0]
+
+    reference = step()  # eager output of these weights and inputs
+    sync()
+    if mode == "stock":
+        model.compile_repeated_blocks(fullgraph=True)
+    elif mode in ("omni", "omni-warm"):
+        if mode == "omni-warm":
+            info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
+            del info
+        omni_compile.compile(model)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = step()
+    sync()
+    first_call = time.perf_counter() - t0
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            step()
+            times.append(1e3 * (time.perf_counter() - t))
+    result = {
+        "workload": workload, "mode": mode, "preset": preset, "shape": shape, "dtype": dtype_s, "device": device,
+        "init_s": round(init_s, 2), "first_call_s": round(first_call, 3),
+        "step_ms": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
+        "rel_l2_vs_eager": _rel_l2(out, reference),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
+        "torch": torch.__version__,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+    }
+    if mode in ("omni", "omni-warm"):
+        state = omni_compile.compile_state(model)
+        result["omni"] = {
+            "region_compiles": len(state.records),
+            "cache_hits": sum(r.cache_hit for r in state.records),
+            "pass_matches": {r.region: r.passes for r in state.records},
+            "pass_uuid": state.pass_uuid,
+        }
+        if mode == "omni":
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is not None:
+                bundle.write_bytes(saved[0])
+                result["omni"]["bundle_bytes"] = len(saved[0])
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="W4-flux,W4-wan", help=f"comma list of {', '.join(WORKLOADS)}")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--child", nargs=3, metavar=("WORKLOAD", "MODE", "BUNDLE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        workload, mode, bundle = args.child
+        res = run_one(workload, mode, args.steps, args.warmup, Path(bundle), args.seed)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    results = []
+    workdir = Path(tempfile.mkdtemp(prefix="omni-bench-"))
+    for workload in args.workloads.split(","):
+        if workload not in WORKLOADS:
+            ap.error(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+        bundle = workdir / f"{workload}.bundle"
+        for mode in args.modes.split(","):
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{workload}-{mode}"))
+            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--seed", str(args.seed), "--child", workload, mode, str(bundle)]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                res = {"workload": workload, "mode": mode, "error": proc.stderr[-3000:]}
+            else:
+                res = json.loads(lines[-1][len("RESULT "):])
+            res["process_s"] = round(time.perf_counter() - t0, 1)
+            results.append(res)
+            print(f"# {workload} {mode}: done in {res['process_s']}s" + (" (ERROR)" if "error" in res else ""),
+                  file=sys.stderr, flush=True)
+            if "error" in res:
+                print(res["error"], file=sys.stderr)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+    return 1 if any("error" in r for r in results) else 0
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"{'workload':<8} {'mode':<10} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
+          f"{'rel L2 vs eager':>15} {'peak GiB':>8}")
+    stock = {r["workload"]: r["step_ms"]["median"] for r in results if r.get("mode") == "stock" and "step_ms" in r}
+    for r in results:
+        if "step_ms" not in r:
+            print(f"{r['workload']:<8} {r['mode']:<10} {r.get('skipped') or 'ERROR'}")
+            continue
+        s = r["step_ms"]
+        ratio = f"{stock[r['workload']] / s['median']:.3f}x" if r["workload"] in stock else "-"
+        print(f"{r['workload']:<8} {r['mode']:<10} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
+              f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

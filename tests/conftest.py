@@ -1,0 +1,52 @@
+import os
+
+import pytest
+import torch
+
+import omni_compile
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Each compile test starts from a clean Dynamo cache and leaves none behind."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def no_inductor_cache(monkeypatch):
+    """Make Inductor compile for real (so our passes run) instead of serving a cached graph."""
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    monkeypatch.setattr(inductor_config, "autotune_local_cache", False)
+    if hasattr(torch._functorch.config, "enable_autograd_cache"):
+        monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    yield
+
+
+@pytest.fixture(scope="session")
+def subprocess_env(tmp_path_factory):
+    """Environment for CLI subprocesses: a private Inductor cache dir, quiet Python warnings."""
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor-cache"))
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+__all__ = ["rel_l2", "omni_compile"]
