@@ -1,0 +1,242 @@
+"""Pass tests on ATen graphs: what the RMSNorm pass matches, what it leaves alone, its numerics, and
+the pass manager's uuid contract. Graphs come from make_fx with Inductor's decompositions (what the
+post-grad graph holds) so most tests run in milliseconds; one test goes through Inductor itself.
+"""
+
+import operator
+
+import pytest
+import torch
+from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+from torch._inductor.decomposition import select_decomp_table
+
+from omni_compile.config import CompileConfig
+from omni_compile.counters import counters
+from omni_compile.passes import PassLog, PassManager
+from omni_compile.platform import current_platform
+
+from conftest import rel_l2
+
+CPU = current_platform("cpu")
+
+
+class AtenGraph:
+    """The functional, decomposed ATen forward graph of `fn` (what Inductor's post-grad passes see),
+    run as plain FX: calling it executes the graph as the passes left it."""
+
+    def __init__(self, fn, *args):
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.gm = None
+
+        def fw_compiler(gm, example_inputs):
+            self.gm = gm
+            return lambda *a: self.gm(*a)
+
+        torch._dynamo.reset()
+        backend = aot_autograd(fw_compiler=fw_compiler, decompositions=select_decomp_table())
+        self.compiled = torch.compile(fn, backend=backend, fullgraph=True)
+        with torch.no_grad():
+            self.compiled(*args)
+
+    @property
+    def graph(self):
+        return self.gm.graph
+
+    def recompile(self):
+        self.gm.recompile()
+
+    def __call__(self, *args):
+        with torch.no_grad():
+            return self.compiled(*args)
+
+
+def aten_graph(fn, *args):
+    return AtenGraph(fn, *args)
+
+
+def run_passes(gm, config=None):
+    pm = PassManager(config or CompileConfig(), CPU)
+    log = PassLog("test")
+    with pm.recording(log):
+        pm(gm.graph)
+    gm.recompile()
+    return log
+
+
+def targets(gm):
+    return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def rms64(x, w, eps):
+    xd = x.double()
+    y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w.double()
+
+
+NORMS = {
+    "torch": lambda d, dt: torch.nn.RMSNorm(d, eps=1e-6).to(dt),
+    "torch-no-weight": lambda d, dt: torch.nn.RMSNorm(d, eps=1e-5, elementwise_affine=False).to(dt),
+    "diffusers": lambda d, dt: DiffusersRMSNorm(d, eps=1e-6).to(dt),
+    "diffusers-no-weight": lambda d, dt: DiffusersRMSNorm(d, eps=1e-5, elementwise_affine=False).to(dt),
+}
+
+
+@pytest.mark.parametrize("kind", list(NORMS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 48), (2, 7, 48), (2, 7, 3, 48)])
+def test_rms_norm_matches_once_and_keeps_values(kind, dtype, shape):
+    norm = NORMS[kind](shape[-1], dtype)
+    if norm.weight is not None:
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn_like(norm.weight))
+    x = torch.randn(*shape, dtype=dtype)
+    with torch.no_grad():
+        gm = aten_graph(lambda t: norm(t), x)
+        eager = norm(x)
+        assert "omni_compile.rms_norm.default" not in targets(gm)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert log.matches() == {"rms_norm": 1}
+        assert "omni_compile.rms_norm.default" in targets(gm)
+        assert "aten.rsqrt.default" not in targets(gm)
+        fused = gm(x)
+    assert fused.dtype == eager.dtype
+    # Same rounding as the unfused chain: equal to eager up to fp32 reassociation.
+    assert torch.allclose(fused.float(), eager.float(), rtol=1e-2 if dtype != torch.float32 else 1e-6, atol=1e-6)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert rel_l2(fused, rms64(x, norm.weight, norm.eps)) < tol
+
+
+def test_lowering_inlines_native_and_preserves_values():
+    norm = torch.nn.RMSNorm(64, eps=1e-6)
+    x = torch.randn(3, 9, 64)
+    with torch.no_grad():
+        gm = aten_graph(lambda t: norm(t) * 2 + 1, x)
+        log = run_passes(gm)
+        assert log.matches() == {"rms_norm": 1, "lower_fused_ops": 1}
+        assert not any(t.startswith("omni_compile") for t in targets(gm))
+        assert log.resolutions["rms_norm"]["implementation"] == "native"
+        assert "no rms_norm kernel for platform 'cpu'" in log.resolutions["rms_norm"]["reason"]
+        assert rel_l2(gm(x), rms64(x, norm.weight, 1e-6) * 2 + 1) < 1e-6
+
+
+def test_several_norms_in_one_graph_each_match():
+    a, b = torch.nn.RMSNorm(32, eps=1e-6), DiffusersRMSNorm(32, eps=1e-6)
+    x, y = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    with torch.no_grad():
+        gm = aten_graph(lambda x, y: a(x) + b(y) + a(y * 3), x, y)
+        with counters.expect(pass_matches={"rms_norm": 3}):
+            run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+
+
+@pytest.mark.parametrize("case", ["non-last-dim", "power-4", "weight-broadcast-other-dim"])
+def test_near_misses_are_left_alone(case):
+    x = torch.randn(4, 6, 8)
+
+    def fn(x, w):
+        xf = x.float()
+        if case == "non-last-dim":
+            r = torch.rsqrt(xf.pow(2).mean(1, keepdim=True) + 1e-6)
+        elif case == "power-4":
+            r = torch.rsqrt(xf.pow(4).mean(-1, keepdim=True) + 1e-6)
+        else:
+            r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return xf * r * w
+
+    w = torch.randn(6, 1) if case == "weight-broadcast-other-dim" else torch.randn(8)
+    gm = aten_graph(fn, x, w)
+    log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+    if case == "weight-broadcast-other-dim":
+        # The normalisation itself is an RMSNorm; the odd weight multiply must stay outside the op.
+        assert log.matches() == {"rms_norm": 1}
+        (op,) = [n for n in gm.graph.nodes if n.target == torch.ops.omni_compile.rms_norm.default]
+        assert op.args[1] is None
+    else:
+        assert log.matches() == {"rms_norm": 0}
+    assert torch.allclose(gm(x, w), fn(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_disabled_pass_matches_nothing():
+    norm = torch.nn.RMSNorm(16)
+    gm = aten_graph(lambda t: norm(t), torch.randn(2, 16))
+    log = run_passes(gm, CompileConfig(passes=["-rms_norm"]))
+    assert log.matches() == {"lower_fused_ops": 0}
+
+
+def test_semantics_option_restricts_patterns():
+    norm = DiffusersRMSNorm(16, eps=1e-6).to(torch.bfloat16)
+    gm = aten_graph(lambda t: norm(t), torch.randn(2, 16, dtype=torch.bfloat16))
+    log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"], pass_options={"rms_norm": {"semantics": ["torch"]}}))
+    assert log.matches() == {"rms_norm": 0}
+
+
+def test_fused_aten_rms_norm_is_matched():
+    # CPU builds decompose `_fused_rms_norm` while tracing, so build the graph a backend that keeps it has.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    g = torch.fx.Graph()
+    x_node, w_node = g.placeholder("x"), g.placeholder("w")
+    fused = g.call_function(torch.ops.aten._fused_rms_norm.default, (x_node, [16], w_node, 1e-6))
+    out = g.call_function(torch.ops.aten.add.Tensor, (g.call_function(operator.getitem, (fused, 0)), 1))
+    g.output((out,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    x, w = torch.randn(3, 16), torch.randn(16)
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(x, w)
+    log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+    assert log.matches() == {"rms_norm": 1}
+    assert "aten._fused_rms_norm.default" not in targets(gm)
+    assert rel_l2(gm(x, w)[0], rms64(x, w, 1e-6) + 1) < 1e-6
+
+
+def test_uuid_changes_with_toggles_and_options_only():
+    def uuid(**kw):
+        return PassManager(CompileConfig(**kw), CPU).uuid()
+
+    base = uuid()
+    assert uuid() == base
+    assert uuid(dump_dir="/tmp/somewhere") == base
+    assert uuid(passes=["+rms_norm"]) == base  # already on: no change
+    off = uuid(passes=["-rms_norm"])
+    assert off != base
+    assert uuid(passes=["-lower_fused_ops"]) not in (base, off)
+    assert uuid(pass_options={"rms_norm": {"semantics": ["torch"]}}) != base
+    assert uuid(pass_options={"rms_norm": {"semantics": ["torch", "diffusers"]}}) == base  # the default, spelled out
+
+
+def test_unknown_pass_option_is_an_error():
+    from omni_compile.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"pass 'rms_norm' has no option\(s\) \['eps'\]"):
+        PassManager(CompileConfig(pass_options={"rms_norm": {"eps": 1}}), CPU)
+    with pytest.raises(ConfigError, match="pass_options names unknown pass"):
+        PassManager(CompileConfig(pass_options={"nope": {}}), CPU)
+
+
+@pytest.mark.compile
+def test_through_inductor(fresh_dynamo, no_inductor_cache, tmp_path):
+    """The manager installed as Inductor's post-grad pass: matches, dumps, compiled values."""
+    import omni_compile
+    from omni_compile.compiler import RegionBackend, CompileState
+    from omni_compile.graphs.regions import Region
+
+    norm = torch.nn.RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    config = CompileConfig(dump_dir=str(tmp_path))
+    state = CompileState(config, CPU, PassManager(config, CPU), regions=[])
+    backend = RegionBackend(Region("norm", torch.nn.RMSNorm, "h"), state)
+    fn = torch.compile(lambda t: norm(t) + 1, backend=backend, fullgraph=True)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        out = fn(x)
+    assert rel_l2(out, rms64(x, norm.weight, 1e-6) + 1) < 1e-6
+    (rec,) = state.records
+    assert rec.passes == {"rms_norm": 1, "lower_fused_ops": 1} and not rec.cache_hit
+    dumps = sorted(p.name for p in tmp_path.rglob("*.py"))
+    assert dumps == ["0.rms_norm.after.py", "0.rms_norm.before.py", "1.lower_fused_ops.after.py",
+                     "1.lower_fused_ops.before.py", "dynamo_graph.py"]
+    after = next(tmp_path.rglob("0.rms_norm.after.py")).read_text()
+    assert "omni_compile.rms_norm" in after
+    assert "omni_compile.rms_norm" not in next(tmp_path.rglob("0.rms_norm.before.py")).read_text()
+    assert omni_compile.counters.regions_compiled >= 1
