@@ -44,7 +44,41 @@ def _rel_l2(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int) -> dict:
+def kernel_profile(step, device: str) -> dict:
+    """One profiled step: device kernels per step and their time by category."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]) as prof:
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    cats: dict[str, list] = {}
+    kernels = 0
+    for evt in prof.events():
+        if device == "cuda" and evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = evt.name.lower()
+        if "memcpy" in name or "memset" in name:
+            cat = "copy"
+        elif any(k in name for k in ("gemm", "matmul", "cutlass", "sm90_xmma", "nvjet", "cublas")):
+            cat = "gemm"
+        elif any(k in name for k in ("attention", "flash", "fmha", "cudnn", "sdpa")):
+            cat = "attention"
+        elif name.startswith("triton"):
+            cat = "triton"
+        else:
+            cat = "other"
+        kernels += 1
+        t = evt.device_time if device == "cuda" else evt.cpu_time
+        cats.setdefault(cat, [0, 0.0])
+        cats[cat][0] += 1
+        cats[cat][1] += t / 1e3
+    return {"kernels": kernels, "by_category": {k: {"count": c, "ms": round(ms, 3)} for k, (c, ms) in cats.items()}}
+
+
+def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int,
+            profile: bool = False) -> dict:
     import torch
 
     import omni_compile
@@ -108,6 +142,8 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
+    if profile:
+        result["profile"] = kernel_profile(step, device)
     if mode in ("omni", "omni-warm"):
         state = omni_compile.compile_state(model)
         result["omni"] = {
@@ -132,12 +168,13 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--profile", action="store_true", help="also profile one step: kernels per step by category")
     ap.add_argument("--child", nargs=3, metavar=("WORKLOAD", "MODE", "BUNDLE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
         workload, mode, bundle = args.child
-        res = run_one(workload, mode, args.steps, args.warmup, Path(bundle), args.seed)
+        res = run_one(workload, mode, args.steps, args.warmup, Path(bundle), args.seed, args.profile)
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -148,9 +185,9 @@ def main() -> int:
             ap.error(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
         bundle = workdir / f"{workload}.bundle"
         for mode in args.modes.split(","):
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{workload}-{mode}"))
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{workload}-{mode}-{len(results)}"))
             cmd = [sys.executable, __file__, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--seed", str(args.seed), "--child", workload, mode, str(bundle)]
+                   "--seed", str(args.seed), "--child", workload, mode, str(bundle)] + (["--profile"] if args.profile else [])
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -173,8 +210,11 @@ def main() -> int:
 
 def print_table(results: list[dict]) -> None:
     print(f"{'workload':<8} {'mode':<10} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
-          f"{'rel L2 vs eager':>15} {'peak GiB':>8}")
-    stock = {r["workload"]: r["step_ms"]["median"] for r in results if r.get("mode") == "stock" and "step_ms" in r}
+          f"{'rel L2 vs eager':>15} {'peak GiB':>8} {'kernels/step':>12}")
+    stock = {}
+    for r in results:  # the first stock run of each workload is the reference
+        if r.get("mode") == "stock" and "step_ms" in r:
+            stock.setdefault(r["workload"], r["step_ms"]["median"])
     for r in results:
         if "step_ms" not in r:
             print(f"{r['workload']:<8} {r['mode']:<10} {r.get('skipped') or 'ERROR'}")
@@ -182,7 +222,12 @@ def print_table(results: list[dict]) -> None:
         s = r["step_ms"]
         ratio = f"{stock[r['workload']] / s['median']:.3f}x" if r["workload"] in stock else "-"
         print(f"{r['workload']:<8} {r['mode']:<10} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
-              f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8}")
+              f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8} "
+              f"{r.get('profile', {}).get('kernels', '-'):>12}")
+    for r in results:
+        if "profile" in r:
+            cats = ", ".join(f"{k} {v['count']}/{v['ms']:.1f}ms" for k, v in sorted(r["profile"]["by_category"].items()))
+            print(f"  {r['workload']} {r['mode']:<10} {cats}")
 
 
 if __name__ == "__main__":

@@ -30,10 +30,14 @@ class GenericAdapter(ModelAdapter):
     def model_class(self):
         return self.cls
 
-    def example_inputs(self, model, bucket, *, dtype, device, text_len=None, seed=0):
+    def check_bucket(self, bucket) -> None:
+        # Called before the model loads, so a build without an inputs function fails at once.
         if self.inputs_fn is None:
             raise ConfigError(
                 f"omni-compile has no adapter for {self.cls.__name__}, so it cannot invent its inputs: pass "
                 "--example-inputs module:function (fn(model, bucket, *, dtype, device, text_len, seed) -> kwargs)"
             )
+
+    def example_inputs(self, model, bucket, *, dtype, device, text_len=None, seed=0):
+        self.check_bucket(bucket)
         return self.inputs_fn(model, bucket, dtype=dtype, device=device, text_len=text_len, seed=seed)

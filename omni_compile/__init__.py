@@ -1,15 +1,33 @@
 """omni-compile: a compiler-driven runtime for diffusion transformers, on torch.compile.
 
 Public API: `compile(model, config)` (regional JIT compile with our passes), `uncompile(model)`,
-`build(options)` (the `omni-compile build` driver), `CompileConfig`, `ShapeBucket`.
+`compile_state(model)`, `build(options)` (the `omni-compile build` driver), `CompileConfig`,
+`ShapeBucket`, `counters`. Attributes load lazily, so `import omni_compile` stays cheap.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-from omni_compile.config import CompileConfig, ShapeBucket  # noqa: E402
-from omni_compile.compiler import compile, compile_state, uncompile  # noqa: E402
-from omni_compile.counters import counters  # noqa: E402
-from omni_compile.errors import ConfigError, OmniCompileError  # noqa: E402
+_EXPORTS = {
+    "CompileConfig": "omni_compile.config",
+    "ShapeBucket": "omni_compile.config",
+    "compile": "omni_compile.compiler",
+    "compile_state": "omni_compile.compiler",
+    "uncompile": "omni_compile.compiler",
+    "build": "omni_compile.build",
+    "BuildOptions": "omni_compile.build",
+    "counters": "omni_compile.counters",
+    "ConfigError": "omni_compile.errors",
+    "OmniCompileError": "omni_compile.errors",
+}
 
-__all__ = ["CompileConfig", "ShapeBucket", "compile", "compile_state", "uncompile", "counters", "ConfigError",
-           "OmniCompileError", "__version__"]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'omni_compile' has no attribute {name!r}")

@@ -29,6 +29,7 @@ from omni_compile.config import CompileConfig, ShapeBucket, dtype_name, parse_dt
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs.regions import count_parameters
 from omni_compile.models import resolve_model
+from omni_compile.passes import enabled_passes
 
 logger = logging.getLogger("omni_compile.build")
 
@@ -84,6 +85,7 @@ def _sync(device: str) -> None:
 def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
     events = events or BuildEvents()
     t_start = time.perf_counter()
+    enabled_passes(opts.compile)  # validate pass switches before any slow work
     spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
     dtype = parse_dtype(opts.dtype or spec.default_dtype)
     device = _resolve_device(opts.device, spec.default_device)

@@ -87,15 +87,20 @@ class PassLog:
 _current_log: contextvars.ContextVar[PassLog | None] = contextvars.ContextVar("omni_compile_pass_log", default=None)
 
 
+def enabled_passes(config: CompileConfig) -> list[str]:
+    """The passes `config` (plus OMNI_COMPILE_PASSES) enables; raises ConfigError for unknown names."""
+    switches = list(config.passes)
+    if envs.passes_override():
+        switches.append(envs.passes_override())
+    unknown = sorted(set(config.pass_options) - set(PASSES))
+    if unknown:
+        raise ConfigError(f"pass_options names unknown pass(es) {unknown}; passes are {', '.join(PASSES)}")
+    return resolve_enabled(switches)
+
+
 class PassManager(CustomGraphPass):
     def __init__(self, config: CompileConfig, platform: Platform):
-        switches = list(config.passes)
-        if envs.passes_override():
-            switches.append(envs.passes_override())
-        self.enabled = resolve_enabled(switches)
-        unknown = sorted(set(config.pass_options) - set(PASSES))
-        if unknown:
-            raise ConfigError(f"pass_options names unknown pass(es) {unknown}; passes are {', '.join(PASSES)}")
+        self.enabled = enabled_passes(config)
         self.platform = platform
         self.passes: list[OmniPass] = []
         for name in self.enabled:

@@ -1,0 +1,96 @@
+"""Compile the tiny presets and a generic diffusers model on the CPU: parity with eager, exact
+compile counts, exact pass-match counts per region."""
+
+import pytest
+import torch
+
+import omni_compile
+from omni_compile.config import CompileConfig, ShapeBucket
+from omni_compile.counters import counters
+from omni_compile.models import resolve_model
+
+from conftest import rel_l2
+from generic_model import LTX_TINY
+
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fresh_dynamo", "no_inductor_cache")]
+
+FLUX_MATCHES = {"FluxTransformerBlock": 4, "FluxSingleTransformerBlock": 2}  # q, k (+ added q, k)
+WAN_MATCHES = {"WanTransformerBlock": 4}  # self-attn q, k; cross-attn q, k
+
+
+def _inputs(spec, model, shape, seed=1):
+    return spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.float32, device="cpu",
+                                       text_len=spec.text_len, seed=seed)
+
+
+def _check_buckets(preset, shapes, expected_matches, config=None):
+    spec = resolve_model(preset)
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    first = [_inputs(spec, model, s, seed=1) for s in shapes]
+    fresh = [_inputs(spec, model, s, seed=7) for s in shapes]  # new random inputs, same buckets
+    with torch.no_grad():
+        refs = [model(**inp)[0] for inp in first]
+        fresh_refs = [model(**inp)[0] for inp in fresh]
+    omni_compile.compile(model, config)
+    state = omni_compile.compile_state(model)
+    assert {r.name: len(r.instances) for r in state.regions} == {k: 2 for k in expected_matches}
+    for i in range(len(shapes)):
+        before = len(state.records)
+        # Exactly one compile per distinct block class, however many instances it has.
+        with counters.expect(regions_compiled=len(expected_matches)), torch.no_grad():
+            out = model(**first[i])[0]
+        assert rel_l2(out, refs[i]) < 1e-5
+        assert {r.region: r.passes.get("rms_norm", 0) for r in state.records[before:]} == expected_matches
+        with counters.expect(regions_compiled=0), torch.no_grad():
+            out = model(**fresh[i])[0]
+        assert rel_l2(out, fresh_refs[i]) < 1e-5
+    return state
+
+
+def test_flux_tiny_two_buckets():
+    _check_buckets("flux-tiny", ["64x64", "128x64"], FLUX_MATCHES)
+
+
+def test_wan_tiny_two_buckets():
+    _check_buckets("wan-tiny", ["64x64x5", "64x96x9"], WAN_MATCHES)
+
+
+def test_flux_tiny_with_rms_norm_disabled():
+    spec = resolve_model("flux-tiny")
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    inp = _inputs(spec, model, "64x64")
+    with torch.no_grad():
+        ref = model(**inp)[0]
+    omni_compile.compile(model, CompileConfig(passes=["-rms_norm"]))
+    with counters.expect(regions_compiled=2, pass_matches={"rms_norm": 0}), torch.no_grad():
+        out = model(**inp)[0]
+    assert rel_l2(out, ref) < 1e-5
+    assert all("rms_norm" not in r.passes for r in omni_compile.compile_state(model).records)
+
+
+def test_generic_adapter_ltx_video():
+    spec = resolve_model("diffusers:LTXVideoTransformer3DModel", example_inputs="generic_model:ltx_inputs",
+                         model_config=LTX_TINY)
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    inp = spec.adapter.example_inputs(model, ShapeBucket.parse("64x96x9"), dtype=torch.float32, device="cpu",
+                                      text_len=8, seed=1)
+    with torch.no_grad():
+        ref = model(**inp)[0]
+    omni_compile.compile(model)
+    with counters.expect(regions_compiled=1), torch.no_grad():
+        out = model(**inp)[0]
+    assert rel_l2(out, ref) < 1e-5
+    (rec,) = omni_compile.compile_state(model).records
+    # attn1 and attn2 q/k norms (torch.nn.RMSNorm) and norm1, norm2 (diffusers RMSNorm, no weight).
+    assert rec.region == "LTXVideoTransformerBlock" and rec.passes["rms_norm"] == 6
+
+
+def test_compile_twice_is_refused_and_uncompile_restores_eager():
+    spec = resolve_model("wan-tiny")
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    omni_compile.compile(model)
+    with pytest.raises(omni_compile.ConfigError, match="already compiled"):
+        omni_compile.compile(model)
+    omni_compile.uncompile(model)
+    with counters.expect(regions_compiled=0), torch.no_grad():
+        model(**_inputs(spec, model, "64x64x5"))

@@ -1,0 +1,108 @@
+"""Region discovery and model resolution (no compilation)."""
+
+import json
+
+import pytest
+import torch
+
+from omni_compile.errors import ConfigError, OmniCompileError
+from omni_compile.graphs import find_regions
+from omni_compile.models import resolve_model
+
+
+@pytest.fixture(scope="module")
+def flux_tiny():
+    spec = resolve_model("flux-tiny")
+    return spec, spec.load(dtype=torch.float32, device="cpu", seed=0)
+
+
+def test_flux_regions(flux_tiny):
+    _, model = flux_tiny
+    regions = find_regions(model)
+    assert [(r.name, r.paths) for r in regions] == [
+        ("FluxTransformerBlock", ["transformer_blocks.0", "transformer_blocks.1"]),
+        ("FluxSingleTransformerBlock", ["single_transformer_blocks.0", "single_transformer_blocks.1"]),
+    ]
+    assert regions[0].structure_hash != regions[1].structure_hash
+    # Deterministic: a second model of the same config hashes the same.
+    again = resolve_model("flux-tiny").load(dtype=torch.float32, device="cpu", seed=1)
+    assert [r.structure_hash for r in find_regions(again)] == [r.structure_hash for r in regions]
+
+
+def test_instances_that_differ_in_structure_become_separate_regions():
+    spec = resolve_model("wan-tiny")
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    model.blocks[1].attn1.norm_q.eps = 1e-3  # a block built with another config
+    regions = find_regions(model)
+    assert [(r.name, r.paths) for r in regions] == [("WanTransformerBlock#1", ["blocks.0"]),
+                                                    ("WanTransformerBlock#2", ["blocks.1"])]
+
+
+def test_region_errors():
+    with pytest.raises(OmniCompileError, match="declares no repeated blocks"):
+        find_regions(torch.nn.Linear(2, 2))
+    model = resolve_model("wan-tiny").load(dtype=torch.float32, device="cpu", seed=0)
+    with pytest.raises(OmniCompileError, match=r"none of the declared block classes \['NoSuchBlock'\]"):
+        find_regions(model, ["NoSuchBlock"])
+
+
+def test_presets_are_reproducible(flux_tiny):
+    spec, model = flux_tiny
+    again = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_local_diffusers_directory(tmp_path, flux_tiny):
+    _, model = flux_tiny
+    model.save_pretrained(tmp_path / "transformer")  # the layout of a snapshot's transformer/ folder
+    for path in (tmp_path / "transformer", tmp_path):  # a pipeline directory resolves to its transformer/
+        spec = resolve_model(str(path))
+        assert spec.adapter.family == "flux" and spec.weights.endswith(".safetensors")
+        loaded = spec.load(dtype=torch.float32, device="cpu")
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_local_directory_errors(tmp_path):
+    with pytest.raises(ConfigError, match="has no config.json"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "FluxTransformer2DModel"}))
+    with pytest.raises(ConfigError, match="holds no \\*.safetensors weights"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"foo": 1}))
+    with pytest.raises(ConfigError, match="has no _class_name"):
+        resolve_model(str(tmp_path))
+
+
+def test_model_argument_errors():
+    with pytest.raises(ConfigError, match="unknown model 'flux-huge'"):
+        resolve_model("flux-huge")
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
+        resolve_model("no_such_module:Model")
+    with pytest.raises(ConfigError, match="declares no `_repeated_blocks`"):
+        resolve_model("torch.nn:Linear")
+
+
+def test_generic_adapter_needs_example_inputs():
+    from omni_compile.config import ShapeBucket
+
+    spec = resolve_model("diffusers:LTXVideoTransformer3DModel")
+    assert spec.adapter.family == "generic"
+    with pytest.raises(ConfigError, match="--example-inputs module:function"):
+        spec.adapter.example_inputs(None, ShapeBucket(64, 64), dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("preset,shape,message", [
+    ("flux-tiny", "64x64x5", "FLUX takes images"),
+    ("flux-tiny", "72x64", "divisible by 16"),
+    ("wan-tiny", "64x64", "needs frames"),
+    ("wan-tiny", "64x64x6", "frames = 4k\\+1"),
+])
+def test_bucket_checks(preset, shape, message):
+    from omni_compile.config import ShapeBucket
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_model(preset).adapter.check_bucket(ShapeBucket.parse(shape))
