@@ -15,14 +15,16 @@ _EXPORTS = {
     "compile": "omni_compile.compiler",
     "compile_state": "omni_compile.compiler",
     "uncompile": "omni_compile.compiler",
-    "build": "omni_compile.build",
-    "BuildOptions": "omni_compile.build",
-    "counters": "omni_compile.counters",
+    "build": "omni_compile.builder",
+    "BuildOptions": "omni_compile.builder",
     "ConfigError": "omni_compile.errors",
     "OmniCompileError": "omni_compile.errors",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+# Eager: the module and the object share a name, and a lazy export would be shadowed by the module.
+from omni_compile.counters import counters  # noqa: E402
+
+__all__ = [*_EXPORTS, "counters", "__version__"]
 
 
 def __getattr__(name: str):

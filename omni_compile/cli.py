@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_build(args, console) -> int:
-    from omni_compile.build import BuildEvents, BuildOptions, build
+    from omni_compile.builder import BuildEvents, BuildOptions, build
     from omni_compile.config import CompileConfig
     from omni_compile.models import DEFAULT_MODEL
 
@@ -167,7 +167,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from omni_compile import envs
+
+    level = (envs.log_level() or "WARNING").upper()
+    if level not in logging.getLevelNamesMapping():
+        print(f"omni-compile: error: OMNI_COMPILE_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "build":
             return _cmd_build(args, console)

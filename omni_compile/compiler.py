@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from omni_compile import envs
 from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
@@ -91,8 +92,9 @@ class RegionBackend:
         ghash = graph_hash(gm, example_inputs)
         label = f"{self.region.name}@{ghash[:12]}"
         dump_dir = None
-        if self.state.config.dump_dir:
-            dump_dir = Path(self.state.config.dump_dir) / self.region.name / ghash[:12]
+        root = self.state.config.dump_dir or envs.dump_dir()
+        if root:
+            dump_dir = Path(root) / self.region.name / ghash[:12]
             dump_graph(gm, dump_dir / "dynamo_graph.py")
         log = PassLog(label=label, dump_dir=dump_dir)
         counters.regions_compiled += 1

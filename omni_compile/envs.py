@@ -7,8 +7,8 @@ import os
 
 ENV_VARS = {
     "OMNI_COMPILE_PASSES": "Pass switches applied on top of the config, e.g. '-rms_norm' or '+rms_norm'.",
-    "OMNI_COMPILE_DUMP_DIR": "Directory for before/after graph dumps of every pass (off when unset).",
-    "OMNI_COMPILE_LOG_LEVEL": "Log level of the 'omni_compile' logger (default WARNING; the CLI uses INFO).",
+    "OMNI_COMPILE_DUMP_DIR": "Directory for graph dumps when the config sets none (off when unset).",
+    "OMNI_COMPILE_LOG_LEVEL": "Log level of the CLI's logging (default WARNING); INFO shows per-compile pass lines.",
 }
 
 

@@ -31,7 +31,7 @@ from omni_compile.graphs.regions import count_parameters
 from omni_compile.models import resolve_model
 from omni_compile.passes import enabled_passes
 
-logger = logging.getLogger("omni_compile.build")
+logger = logging.getLogger("omni_compile.builder")
 
 REPORT = "build_report.json"
 CACHE_BUNDLE = "inductor_cache.bin"
