@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from omni_compile import envs
 from omni_compile.config import CompileConfig
@@ -126,18 +125,22 @@ def _canonical_strides(t: Any) -> Any:
 
     Dynamo guards on strides, including those of size-1 dims, which carry no meaning. FLUX feeds its
     first single-stream block a fresh tensor and the others a slice of a concatenation; at batch 1
-    the two differ only in the batch stride, and without this they compile twice.
+    the two differ only in the batch stride, and without this they compile twice. Tuples and lists
+    (FLUX's rotary embedding pair) are handled one level deep; this runs on every block call, so it
+    stays cheap.
     """
-    if not isinstance(t, torch.Tensor) or t.dim() == 0 or 1 not in t.shape:
-        return t
-    strides = list(t.stride())
-    canon = list(strides)
-    for i in range(t.dim()):
-        if t.shape[i] == 1:
-            canon[i] = strides[i + 1] * t.shape[i + 1] if i + 1 < t.dim() else 1
-    if canon == strides:
-        return t
-    return t.as_strided(t.shape, canon, t.storage_offset())
+    if isinstance(t, torch.Tensor):
+        shape = t.shape
+        if 1 not in shape:
+            return t
+        strides = t.stride()
+        canon = [1 if size == 1 and i == len(shape) - 1 else
+                 (strides[i + 1] * shape[i + 1] if size == 1 else strides[i])
+                 for i, size in enumerate(shape)]
+        return t if tuple(canon) == strides else t.as_strided(shape, canon, t.storage_offset())
+    if type(t) in (tuple, list):
+        return type(t)(_canonical_strides(x) for x in t)
+    return t
 
 
 class RegionForward:
@@ -150,7 +153,8 @@ class RegionForward:
 
     def __call__(self, *args, **kwargs):
         if self.canonicalize:
-            args, kwargs = tree_map(_canonical_strides, (args, kwargs))
+            args = tuple(_canonical_strides(a) for a in args)
+            kwargs = {k: _canonical_strides(v) for k, v in kwargs.items()}
         return self.compiled(self.module, *args, **kwargs)
 
 

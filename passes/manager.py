@@ -127,6 +127,8 @@ class PassManager(CustomGraphPass):
         for i, p in enumerate(self.passes):
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.before.py", graph)
+            if isinstance(p, LowerFusedOpsPass):
+                p.resolutions = {}  # record only this graph's ops
             t0 = time.perf_counter()
             matches = int(p(graph) or 0)
             graph.eliminate_dead_code()
