@@ -30,8 +30,9 @@ def main() -> None:
     dtype = parse_dtype(dtype_s)
     stock = spec.load(dtype=dtype, device=device, seed=0)
     omni = copy.deepcopy(stock)
-    inputs = spec.adapter.example_inputs(stock, ShapeBucket.parse(shape), dtype=dtype, device=device,
-                                         text_len=spec.text_len, seed=0)
+    inputs = spec.adapter.example_inputs(
+        stock, ShapeBucket.parse(shape), dtype=dtype, device=device, text_len=spec.text_len, seed=0
+    )
     stock.compile_repeated_blocks(fullgraph=True)
     omni_compile.compile(omni)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -48,9 +49,13 @@ def main() -> None:
                 sync()
                 times[name].append(1e3 * (time.perf_counter() - t0))
     for name, v in times.items():
-        print(f"{args.workload} {name:<6} step ms median {statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}] "
-              f"n={len(v)}")
-    print(f"omni/stock speed ratio of medians: {statistics.median(times['stock']) / statistics.median(times['omni']):.3f}")
+        print(
+            f"{args.workload} {name:<6} step ms median {statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}] "
+            f"n={len(v)}"
+        )
+    print(
+        f"omni/stock speed ratio of medians: {statistics.median(times['stock']) / statistics.median(times['omni']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -79,8 +79,7 @@ def kernel_profile(step, device: str) -> dict:
     return {"kernels": kernels, "by_category": {k: {"count": c, "ms": round(ms, 3)} for k, (c, ms) in cats.items()}}
 
 
-def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int,
-            profile: bool = False) -> dict:
+def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int, profile: bool = False) -> dict:
     import torch
 
     import omni_compile
@@ -138,8 +137,14 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
             step()
             times.append(1e3 * (time.perf_counter() - t))
     result = {
-        "workload": workload, "mode": mode, "preset": preset, "shape": shape, "dtype": dtype_s, "device": device,
-        "init_s": round(init_s, 2), "first_call_s": round(first_call, 3),
+        "workload": workload,
+        "mode": mode,
+        "preset": preset,
+        "shape": shape,
+        "dtype": dtype_s,
+        "device": device,
+        "init_s": round(init_s, 2),
+        "first_call_s": round(first_call, 3),
         "step_ms": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
         "rel_l2_vs_eager": _rel_l2(out, reference),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
@@ -195,19 +200,34 @@ def main() -> int:
         bundle = workdir / f"{workload}.bundle"
         for mode in args.modes.split(",") * args.repeat:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{workload}-{mode}-{len(results)}"))
-            cmd = [sys.executable, __file__, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--seed", str(args.seed), "--child", workload, mode, str(bundle)] + (["--profile"] if args.profile else [])
+            cmd = [
+                sys.executable,
+                __file__,
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--seed",
+                str(args.seed),
+                "--child",
+                workload,
+                mode,
+                str(bundle),
+            ] + (["--profile"] if args.profile else [])
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
                 res = {"workload": workload, "mode": mode, "error": proc.stderr[-3000:]}
             else:
-                res = json.loads(lines[-1][len("RESULT "):])
+                res = json.loads(lines[-1][len("RESULT ") :])
             res["process_s"] = round(time.perf_counter() - t0, 1)
             results.append(res)
-            print(f"# {workload} {mode}: done in {res['process_s']}s" + (" (ERROR)" if "error" in res else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"# {workload} {mode}: done in {res['process_s']}s" + (" (ERROR)" if "error" in res else ""),
+                file=sys.stderr,
+                flush=True,
+            )
             if "error" in res:
                 print(res["error"], file=sys.stderr)
     if args.json:
@@ -218,8 +238,10 @@ def main() -> int:
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"{'workload':<8} {'mode':<10} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
-          f"{'rel L2 vs eager':>15} {'peak GiB':>8} {'kernels/step':>12}")
+    print(
+        f"{'workload':<8} {'mode':<10} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
+        f"{'rel L2 vs eager':>15} {'peak GiB':>8} {'kernels/step':>12}"
+    )
     stock = {}
     for r in results:  # the first stock run of each workload is the reference
         if r.get("mode") == "stock" and "step_ms" in r:
@@ -230,9 +252,11 @@ def print_table(results: list[dict]) -> None:
             continue
         s = r["step_ms"]
         ratio = f"{stock[r['workload']] / s['median']:.3f}x" if r["workload"] in stock else "-"
-        print(f"{r['workload']:<8} {r['mode']:<10} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
-              f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8} "
-              f"{r.get('profile', {}).get('kernels', '-'):>12}")
+        print(
+            f"{r['workload']:<8} {r['mode']:<10} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
+            f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8} "
+            f"{r.get('profile', {}).get('kernels', '-'):>12}"
+        )
     groups: dict[tuple[str, str], list[float]] = {}
     for r in results:
         if "first_call_s" in r:
@@ -243,7 +267,9 @@ def print_table(results: list[dict]) -> None:
             print(f"  {w:<8} {m:<10} {statistics.median(v):7.2f} [{min(v):.2f}-{max(v):.2f}] n={len(v)}")
     for r in results:
         if "profile" in r:
-            cats = ", ".join(f"{k} {v['count']}/{v['ms']:.1f}ms" for k, v in sorted(r["profile"]["by_category"].items()))
+            cats = ", ".join(
+                f"{k} {v['count']}/{v['ms']:.1f}ms" for k, v in sorted(r["profile"]["by_category"].items())
+            )
             print(f"  {r['workload']} {r['mode']:<10} {cats}")
 
 

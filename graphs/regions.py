@@ -58,8 +58,11 @@ def structure_signature(module: nn.Module) -> list:
         for name, t in list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False)):
             entry.append([name, list(t.shape), str(t.dtype), t.device.type])
         # Plain attributes steer control flow inside forward (eps, heads, flags); include the simple ones.
-        attrs = {k: v for k, v in vars(sub).items()
-                 if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))}
+        attrs = {
+            k: v
+            for k, v in vars(sub).items()
+            if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))
+        }
         entry.append(sorted((k, repr(v)) for k, v in attrs.items()))
         procs = getattr(sub, "processor", None)
         if procs is not None:
@@ -77,7 +80,8 @@ def block_class_names(model: nn.Module, declared: list[str] | None = None) -> li
     if not names:
         raise OmniCompileError(
             f"{type(model).__name__} declares no repeated blocks (_repeated_blocks is empty); "
-            "set `_repeated_blocks` on the class or pass the block class names to omni_compile.compile(..., regions=[...])"
+            "set `_repeated_blocks` on the class or pass the block class names: "
+            "omni_compile.compile(model, regions=[...])"
         )
     return names
 
@@ -116,4 +120,3 @@ def find_regions(model: nn.Module, block_names: list[str] | None = None) -> list
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-

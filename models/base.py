@@ -33,8 +33,16 @@ class ModelAdapter:
     def check_bucket(self, bucket: ShapeBucket) -> None:
         """Raise ConfigError if this family cannot take `bucket`."""
 
-    def example_inputs(self, model: nn.Module, bucket: ShapeBucket, *, dtype: torch.dtype, device: torch.device | str,
-                       text_len: int | None = None, seed: int = 0) -> dict[str, Any]:
+    def example_inputs(
+        self,
+        model: nn.Module,
+        bucket: ShapeBucket,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        text_len: int | None = None,
+        seed: int = 0,
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def create(self, config: dict[str, Any], *, dtype: torch.dtype, device: torch.device | str, seed: int) -> nn.Module:

@@ -24,8 +24,10 @@ class FluxAdapter(ModelAdapter):
 
     def check_bucket(self, bucket: ShapeBucket) -> None:
         require(bucket.frames is None, f"FLUX takes images: shape {bucket} has frames; use HEIGHTxWIDTH")
-        require(bucket.height % 16 == 0 and bucket.width % 16 == 0,
-                f"FLUX needs height and width divisible by 16 (8x VAE, 2x2 packing); got {bucket}")
+        require(
+            bucket.height % 16 == 0 and bucket.width % 16 == 0,
+            f"FLUX needs height and width divisible by 16 (8x VAE, 2x2 packing); got {bucket}",
+        )
 
     def example_inputs(self, model, bucket, *, dtype, device, text_len=None, seed=0):
         self.check_bucket(bucket)
@@ -63,9 +65,18 @@ PRESETS = [
         name="flux-tiny",
         family="flux",
         description="tiny FLUX (2 double + 2 single blocks, 2x16 heads), random weights; builds on a CPU",
-        config=dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
-                    num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
-                    axes_dims_rope=(4, 6, 6)),
+        config=dict(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 6, 6),
+        ),
         default_shapes="64x64,128x128",
         text_len=8,
         default_dtype="fp32",

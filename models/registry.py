@@ -47,9 +47,16 @@ def resolve_model(
     if model in PRESETS:
         p = PRESETS[model]
         config = {**p.config, **(model_config or {})}
-        return ModelSpec(source=f"preset:{p.name}", adapter=ADAPTERS[p.family], config=config, text_len=p.text_len,
-                         default_shapes=p.default_shapes, default_dtype=p.default_dtype,
-                         default_device=p.default_device, weights="random")
+        return ModelSpec(
+            source=f"preset:{p.name}",
+            adapter=ADAPTERS[p.family],
+            config=config,
+            text_len=p.text_len,
+            default_shapes=p.default_shapes,
+            default_dtype=p.default_dtype,
+            default_device=p.default_device,
+            weights="random",
+        )
     path = Path(model)
     if path.exists():
         return _local_directory(path, inputs_fn)
@@ -104,5 +111,6 @@ def _local_directory(path: Path, inputs_fn) -> ModelSpec:
         return model.to(device).eval().requires_grad_(False)
 
     params = {k: v for k, v in config.items() if not k.startswith("_")}
-    return ModelSpec(source=str(path), adapter=adapter, config=params, loader=load,
-                     weights=",".join(w.name for w in weights))
+    return ModelSpec(
+        source=str(path), adapter=adapter, config=params, loader=load, weights=",".join(w.name for w in weights)
+    )

@@ -25,8 +25,10 @@ class WanAdapter(ModelAdapter):
     def check_bucket(self, bucket: ShapeBucket) -> None:
         require(bucket.frames is not None, f"Wan takes video: shape {bucket} needs frames, e.g. 480x832x81")
         require(bucket.frames % 4 == 1, f"Wan needs frames = 4k+1 (1, 5, ..., 81); got {bucket.frames}")
-        require(bucket.height % 16 == 0 and bucket.width % 16 == 0,
-                f"Wan needs height and width divisible by 16 (8x VAE, 2x2 patches); got {bucket}")
+        require(
+            bucket.height % 16 == 0 and bucket.width % 16 == 0,
+            f"Wan needs height and width divisible by 16 (8x VAE, 2x2 patches); got {bucket}",
+        )
 
     def example_inputs(self, model, bucket, *, dtype, device, text_len=None, seed=0):
         self.check_bucket(bucket)
@@ -35,8 +37,16 @@ class WanAdapter(ModelAdapter):
         frames = (bucket.frames - 1) // 4 + 1
         t = text_len or self.default_text_len
         return {
-            "hidden_states": randn(g, bucket.batch, cfg.in_channels, frames, bucket.height // 8, bucket.width // 8,
-                                   dtype=dtype, device=device),
+            "hidden_states": randn(
+                g,
+                bucket.batch,
+                cfg.in_channels,
+                frames,
+                bucket.height // 8,
+                bucket.width // 8,
+                dtype=dtype,
+                device=device,
+            ),
             "timestep": torch.full((bucket.batch,), 500.0, dtype=dtype, device=device),
             "encoder_hidden_states": randn(g, bucket.batch, t, cfg.text_dim, dtype=dtype, device=device),
             "return_dict": False,
@@ -48,9 +58,21 @@ PRESETS = [
         name="wan-1.3b",
         family="wan",
         description="Wan2.1-T2V-1.3B transformer (30 blocks, 12x128 heads), random weights",
-        config=dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-                    out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-                    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024),
+        config=dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=12,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=8960,
+            num_layers=30,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=1024,
+        ),
         default_shapes="480x832x81",
         text_len=512,
     ),
@@ -58,9 +80,21 @@ PRESETS = [
         name="wan-tiny",
         family="wan",
         description="tiny Wan (2 blocks, 2x16 heads), random weights; builds on a CPU",
-        config=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
-                    out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
-                    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64),
+        config=dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=4,
+            out_channels=4,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=64,
+        ),
         default_shapes="64x64x5,64x96x9",
         text_len=8,
         default_dtype="fp32",

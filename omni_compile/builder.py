@@ -110,8 +110,12 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     _sync(device)
     load_seconds = time.perf_counter() - t0
 
-    compile(model, opts.compile, regions=spec.adapter.block_names(model) or None,
-            on_region_compiled=events.on_region_compiled)
+    compile(
+        model,
+        opts.compile,
+        regions=spec.adapter.block_names(model) or None,
+        on_region_compiled=events.on_region_compiled,
+    )
     state = compile_state(model)
     events.on_stage(
         f"{len(state.regions)} region(s): "
@@ -121,8 +125,9 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
 
     bucket_reports = []
     for bucket in buckets:
-        inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device,
-                                             text_len=opts.text_len or spec.text_len, seed=opts.seed)
+        inputs = spec.adapter.example_inputs(
+            model, bucket, dtype=dtype, device=device, text_len=opts.text_len or spec.text_len, seed=opts.seed
+        )
         before = len(state.records)
         _sync(device)
         t0 = time.perf_counter()
@@ -136,16 +141,19 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
             logger.warning("bucket %s: the compiled forward produced non-finite values", bucket)
         compiles = len(state.records) - before
         events.on_bucket_done(bucket, first_call, compiles)
-        bucket_reports.append({
-            "bucket": str(bucket),
-            "first_call_seconds": round(first_call, 3),
-            "region_compiles": compiles,
-            "output_shape": list(sample.shape),
-            "output_finite": finite,
-        })
+        bucket_reports.append(
+            {
+                "bucket": str(bucket),
+                "first_call_seconds": round(first_call, 3),
+                "region_compiles": compiles,
+                "output_shape": list(sample.shape),
+                "output_finite": finite,
+            }
+        )
 
-    report = _report(spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm,
-                     time.perf_counter() - t_start)
+    report = _report(
+        spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm, time.perf_counter() - t_start
+    )
     if out is not None:
         _publish(out, report, opts.force)
     return report
@@ -154,23 +162,33 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
 def _load_cache_bundle(path: Path) -> dict[str, Any]:
     bundle = path / CACHE_BUNDLE if path.is_dir() else path
     if not bundle.exists():
-        raise ConfigError(f"--cache-from {path}: no {CACHE_BUNDLE} there; point it at an `omni-compile build --out` "
-                          "directory")
+        raise ConfigError(
+            f"--cache-from {path}: no {CACHE_BUNDLE} there; point it at an `omni-compile build --out` directory"
+        )
     data = bundle.read_bytes()
     t0 = time.perf_counter()
     try:
         info = torch.compiler.load_cache_artifacts(data)
     except Exception as e:  # a foreign or corrupt bundle is a user-facing problem
         raise OmniCompileError(f"--cache-from {bundle}: cannot load the Inductor cache bundle ({e})") from None
-    return {"path": str(bundle), "bytes": len(data), "load_seconds": round(time.perf_counter() - t0, 3),
-            "artifacts": _cache_info(info)}
+    return {
+        "path": str(bundle),
+        "bytes": len(data),
+        "load_seconds": round(time.perf_counter() - t0, 3),
+        "artifacts": _cache_info(info),
+    }
 
 
 def _cache_info(info) -> dict[str, int]:
     if info is None:
         return {}
-    kinds = ("inductor_artifacts", "aot_autograd_artifacts", "autotune_artifacts", "pgo_artifacts",
-             "precompile_artifacts")
+    kinds = (
+        "inductor_artifacts",
+        "aot_autograd_artifacts",
+        "autotune_artifacts",
+        "pgo_artifacts",
+        "precompile_artifacts",
+    )
     return {k: len(getattr(info, k)) for k in kinds if isinstance(getattr(info, k, None), list)}
 
 
@@ -183,8 +201,13 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
     regions = []
     for region in state.regions:
         recs = [r for r in records if r.region == region.name]
-        regions.append({**region.to_json(), "parameters_per_instance": count_parameters(region.instances[0][1]),
-                        "compiles": [r.to_json() for r in recs]})
+        regions.append(
+            {
+                **region.to_json(),
+                "parameters_per_instance": count_parameters(region.instances[0][1]),
+                "compiles": [r.to_json() for r in recs],
+            }
+        )
     resolutions: dict[str, dict] = {}
     for rec in records:
         resolutions.update(rec.resolutions)
@@ -232,8 +255,12 @@ def _publish(out: Path, report: dict[str, Any], force: bool) -> None:
         if saved is not None:
             data, info = saved
             (tmp / CACHE_BUNDLE).write_bytes(data)
-            report["cache_bundle"] = {"file": CACHE_BUNDLE, "bytes": len(data), "artifacts": _cache_info(info),
-                                      "sha256": hashlib.sha256(data).hexdigest()}
+            report["cache_bundle"] = {
+                "file": CACHE_BUNDLE,
+                "bytes": len(data),
+                "artifacts": _cache_info(info),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
         else:
             report["cache_bundle"] = None
         (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")

@@ -47,25 +47,35 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     b = sub.add_parser("build", help="compile a model for shape buckets and write the build output")
-    b.add_argument("model", nargs="?", default=None,
-                   help="preset name (see `omni-compile models`), local diffusers directory, or module:Class "
-                        "(default: flux-tiny)")
-    b.add_argument("--shapes", help="comma-separated buckets HxW[xFRAMES][@BATCH], e.g. 1024x1024,512x512@2 "
-                                    "(default: the preset's)")
+    b.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="preset name (see `omni-compile models`), local diffusers directory, or module:Class (default: flux-tiny)",
+    )
+    b.add_argument(
+        "--shapes",
+        help="comma-separated buckets HxW[xFRAMES][@BATCH], e.g. 1024x1024,512x512@2 (default: the preset's)",
+    )
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the preset's)")
     b.add_argument("--device", help="cuda, cpu or xpu (default: the preset's, else cuda when available)")
     b.add_argument("--out", help="output directory (default: out/MODEL)")
     b.add_argument("--force", action="store_true", help="replace an existing output directory")
-    b.add_argument("--passes", action="append", default=[],
-                   help="pass switches, e.g. -rms_norm, +rms_norm, none, all (repeatable; see `omni-compile passes`)")
+    b.add_argument(
+        "--passes",
+        action="append",
+        default=[],
+        help="pass switches, e.g. -rms_norm, +rms_norm, none, all (repeatable; see `omni-compile passes`)",
+    )
     b.add_argument("--config", help="CompileConfig as JSON (inline or a file); --passes apply on top")
     b.add_argument("--dump-graphs", metavar="DIR", help="write each region's graphs before/after every pass to DIR")
     b.add_argument("--cache-from", metavar="DIR", help="warm-start from the Inductor cache bundle of an earlier build")
     b.add_argument("--seed", type=int, default=0, help="seed for random weights and example inputs (default 0)")
     b.add_argument("--text-len", type=int, help="text tokens per prompt in the example inputs (default: the preset's)")
     b.add_argument("--model-config", help="model config overrides as JSON (presets, module:Class)")
-    b.add_argument("--example-inputs", metavar="MODULE:FN",
-                   help="function making example inputs for models without an adapter")
+    b.add_argument(
+        "--example-inputs", metavar="MODULE:FN", help="function making example inputs for models without an adapter"
+    )
     b.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
@@ -88,9 +98,17 @@ def _cmd_build(args, console) -> int:
     name = args.model or DEFAULT_MODEL
     out = args.out or str(Path("out") / Path(name.replace(":", "_")).name)
     opts = BuildOptions(
-        model=args.model, shapes=args.shapes, dtype=args.dtype, device=args.device, out=out, seed=args.seed,
-        text_len=args.text_len, example_inputs=args.example_inputs,
-        model_config=_json_arg(args.model_config, "--model-config"), compile=config, cache_from=args.cache_from,
+        model=args.model,
+        shapes=args.shapes,
+        dtype=args.dtype,
+        device=args.device,
+        out=out,
+        seed=args.seed,
+        text_len=args.text_len,
+        example_inputs=args.example_inputs,
+        model_config=_json_arg(args.model_config, "--model-config"),
+        compile=config,
+        cache_from=args.cache_from,
         force=args.force,
     )
     log = (lambda *a, **k: None) if args.quiet else console.print
@@ -102,8 +120,9 @@ def _cmd_build(args, console) -> int:
     def bucket_done(bucket, seconds, compiles):
         log(f"  bucket [bold]{bucket}[/]: first call {seconds:.2f}s, {compiles} region compile(s)")
 
-    events = BuildEvents(on_stage=lambda m: log(f"[bold]>[/] {m}"), on_region_compiled=region_done,
-                         on_bucket_done=bucket_done)
+    events = BuildEvents(
+        on_stage=lambda m: log(f"[bold]>[/] {m}"), on_region_compiled=region_done, on_bucket_done=bucket_done
+    )
     report = build(opts, events)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -124,8 +143,14 @@ def _print_summary(console, report, out) -> None:
         for c in comps:
             for k, v in (c["passes"] or {}).items():
                 matches[k] = matches.get(k, 0) + v
-        t.add_row(r["name"], str(len(r["instances"])), str(len(comps)), str(sum(c["cache_hit"] for c in comps)),
-                  f"{sum(c['seconds'] for c in comps):.2f}", ", ".join(f"{k}={v}" for k, v in matches.items()) or "-")
+        t.add_row(
+            r["name"],
+            str(len(r["instances"])),
+            str(len(comps)),
+            str(sum(c["cache_hit"] for c in comps)),
+            f"{sum(c['seconds'] for c in comps):.2f}",
+            ", ".join(f"{k}={v}" for k, v in matches.items()) or "-",
+        )
     console.print(t)
     tot = report["totals"]
     console.print(
@@ -171,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
 
     level = (envs.log_level() or "WARNING").upper()
     if level not in logging.getLevelNamesMapping():
-        print(f"omni-compile: error: OMNI_COMPILE_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)",
-              file=sys.stderr)
+        print(
+            f"omni-compile: error: OMNI_COMPILE_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

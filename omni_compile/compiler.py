@@ -134,9 +134,10 @@ def _canonical_strides(t: Any) -> Any:
         if 1 not in shape:
             return t
         strides = t.stride()
-        canon = [1 if size == 1 and i == len(shape) - 1 else
-                 (strides[i + 1] * shape[i + 1] if size == 1 else strides[i])
-                 for i, size in enumerate(shape)]
+        canon = [
+            1 if size == 1 and i == len(shape) - 1 else (strides[i + 1] * shape[i + 1] if size == 1 else strides[i])
+            for i, size in enumerate(shape)
+        ]
         return t if tuple(canon) == strides else t.as_strided(shape, canon, t.storage_offset())
     if type(t) in (tuple, list):
         return type(t)(_canonical_strides(x) for x in t)
@@ -201,13 +202,19 @@ def compile(
     )
     _raise_recompile_limit()
     for region in state.regions:
-        fn = torch.compile(region.cls.forward, backend=RegionBackend(region, state), fullgraph=config.fullgraph,
-                           dynamic=False)
+        fn = torch.compile(
+            region.cls.forward, backend=RegionBackend(region, state), fullgraph=config.fullgraph, dynamic=False
+        )
         for _, module in region.instances:
             module.forward = RegionForward(fn, module, config.canonicalize_strides)
     model._omni_compile = state
-    logger.info("omni-compile: %d region(s) %s on %s, passes %s", len(state.regions),
-                [f"{r.name} x{len(r.instances)}" for r in state.regions], platform.kind, state.pass_manager.enabled)
+    logger.info(
+        "omni-compile: %d region(s) %s on %s, passes %s",
+        len(state.regions),
+        [f"{r.name} x{len(r.instances)}" for r in state.regions],
+        platform.kind,
+        state.pass_manager.enabled,
+    )
     return model
 
 

@@ -102,8 +102,10 @@ class CompileConfig:
 
     passes: list[str] = field(
         default_factory=list,
-        metadata={"doc": "Pass switches applied in order over each pass's default: '+name' or 'name' enables, "
-                  "'-name' disables, 'none' disables all, 'all' enables all."},
+        metadata={
+            "doc": "Pass switches applied in order over each pass's default: '+name' or 'name' enables, "
+            "'-name' disables, 'none' disables all, 'all' enables all."
+        },
     )
     pass_options: dict[str, dict[str, Any]] = field(
         default_factory=dict,
@@ -114,8 +116,10 @@ class CompileConfig:
     )
     canonicalize_strides: bool = field(
         default=True,
-        metadata={"doc": "Give size-1 dimensions of region inputs contiguous strides (a free view) so instances "
-                  "fed by views and by fresh tensors share one compiled graph."},
+        metadata={
+            "doc": "Give size-1 dimensions of region inputs contiguous strides (a free view) so instances "
+            "fed by views and by fresh tensors share one compiled graph."
+        },
     )
     dump_dir: str | None = field(
         default=None,

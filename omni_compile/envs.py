@@ -5,20 +5,17 @@ Other modules call these functions; none of them touches `os.environ` for our va
 
 import os
 
-ENV_VARS = {
-    "OMNI_COMPILE_PASSES": "Pass switches applied on top of the config, e.g. '-rms_norm' or '+rms_norm'.",
-    "OMNI_COMPILE_DUMP_DIR": "Directory for graph dumps when the config sets none (off when unset).",
-    "OMNI_COMPILE_LOG_LEVEL": "Log level of the CLI's logging (default WARNING); INFO shows per-compile pass lines.",
-}
-
 
 def passes_override() -> str | None:
+    """OMNI_COMPILE_PASSES: pass switches applied after the config's, e.g. '-rms_norm'."""
     return os.environ.get("OMNI_COMPILE_PASSES") or None
 
 
 def dump_dir() -> str | None:
+    """OMNI_COMPILE_DUMP_DIR: graph dumps when the config sets no dump_dir."""
     return os.environ.get("OMNI_COMPILE_DUMP_DIR") or None
 
 
 def log_level() -> str | None:
+    """OMNI_COMPILE_LOG_LEVEL: the CLI's log level (default WARNING)."""
     return os.environ.get("OMNI_COMPILE_LOG_LEVEL") or None

@@ -23,12 +23,8 @@ class Platform:
     hip_version: str | None
 
     @property
-    def is_gpu(self) -> bool:
-        return self.kind in ("cuda", "rocm", "xpu")
-
-    @property
     def arch(self) -> str:
-        """Short architecture tag, e.g. 'sm90', 'gfx942' style names come later; 'cpu' on CPU."""
+        """Short architecture tag: 'sm90' for CUDA compute capability 9.0, else the platform kind."""
         if self.kind == "cuda" and self.capability:
             return f"sm{self.capability[0]}{self.capability[1]}"
         return self.kind
@@ -70,7 +66,9 @@ def _detect(device_type: str) -> Platform:
         return Platform(kind="xpu", device_name=torch.xpu.get_device_name(), capability=None, **common)
     import platform as _py_platform
 
-    return Platform(kind="cpu", device_name=_py_platform.processor() or _py_platform.machine(), capability=None, **common)
+    return Platform(
+        kind="cpu", device_name=_py_platform.processor() or _py_platform.machine(), capability=None, **common
+    )
 
 
 def current_platform(device: torch.device | str | None = None) -> Platform:

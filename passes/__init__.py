@@ -3,4 +3,13 @@
 from omni_compile.passes.base import OmniPass, PatternPass
 from omni_compile.passes.manager import PASS_ORDER, PASSES, PassLog, PassManager, enabled_passes, resolve_enabled
 
-__all__ = ["OmniPass", "PatternPass", "PASS_ORDER", "PASSES", "PassLog", "PassManager", "enabled_passes", "resolve_enabled"]
+__all__ = [
+    "OmniPass",
+    "PatternPass",
+    "PASS_ORDER",
+    "PASSES",
+    "PassLog",
+    "PassManager",
+    "enabled_passes",
+    "resolve_enabled",
+]

@@ -142,8 +142,14 @@ class RMSNormPass(PatternPass):
     def _register_fused_aten_op(self) -> None:
         # Where torch keeps `_fused_rms_norm` (it is in the core decompositions, so Inductor's graphs
         # normally hold the chain above), take its normalised output when the rstd output is unused.
-        fused = CallFunction(aten._fused_rms_norm.default, KeywordArg("x"), KeywordArg("normalized_shape"),
-                             KeywordArg("weight"), KeywordArg("eps"), _users=1)
+        fused = CallFunction(
+            aten._fused_rms_norm.default,
+            KeywordArg("x"),
+            KeywordArg("normalized_shape"),
+            KeywordArg("weight"),
+            KeywordArg("eps"),
+            _users=1,
+        )
         pattern = CallFunction(operator.getitem, fused, 0)
 
         def only_last_dim(match: Match) -> bool:

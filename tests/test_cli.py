@@ -12,8 +12,14 @@ TESTS = Path(__file__).parent
 
 
 def cli(*args, env, cwd=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "omni_compile.cli", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "omni_compile.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_user_error(proc, message):
@@ -24,15 +30,18 @@ def assert_user_error(proc, message):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["build", "flux-huge"], "unknown model 'flux-huge'"),
-    (["build", "--shapes", "64by64"], "malformed shape '64by64'"),
-    (["build", "--shapes", "64x64x5"], "FLUX takes images"),
-    (["build", "--passes=-nope"], "unknown pass 'nope'"),
-    (["build", "--dtype", "int3"], "unknown dtype 'int3'"),
-    (["build", "--config", "{\"fullgraf\": true}"], "unknown CompileConfig key(s) ['fullgraf']"),
-    (["build", "--frobnicate"], "unrecognized arguments: --frobnicate"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["build", "flux-huge"], "unknown model 'flux-huge'"),
+        (["build", "--shapes", "64by64"], "malformed shape '64by64'"),
+        (["build", "--shapes", "64x64x5"], "FLUX takes images"),
+        (["build", "--passes=-nope"], "unknown pass 'nope'"),
+        (["build", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["build", "--config", '{"fullgraf": true}'], "unknown CompileConfig key(s) ['fullgraf']"),
+        (["build", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
 def test_bad_arguments(args, message, subprocess_env, tmp_path):
     assert_user_error(cli(*args, "--out", str(tmp_path / "o"), env=subprocess_env), message)
 
@@ -75,22 +84,49 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
 
     # A second process with an empty Inductor cache directory warm-starts from the bundle.
     env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache-b"))
-    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--out", str(warm_out), "--cache-from", str(cold_out),
-               "--json", "-q", env=env)
+    proc = cli(
+        "build",
+        "flux-tiny",
+        "--shapes",
+        "64x64",
+        "--out",
+        str(warm_out),
+        "--cache-from",
+        str(cold_out),
+        "--json",
+        "-q",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     warm = json.loads(proc.stdout)
     assert warm["totals"]["region_compiles"] == 2 and warm["totals"]["cache_hits"] == 2
     assert warm["warm_start"]["bytes"] == report["cache_bundle"]["bytes"]
-    assert [c["graph_hash"] for r in warm["regions"] for c in r["compiles"]] == \
-        [c["graph_hash"] for r in report["regions"] for c in r["compiles"]]
+    assert [c["graph_hash"] for r in warm["regions"] for c in r["compiles"]] == [
+        c["graph_hash"] for r in report["regions"] for c in r["compiles"]
+    ]
 
 
 @pytest.mark.compile
 def test_build_generic_model(subprocess_env, tmp_path):
     env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(TESTS), subprocess_env.get("PYTHONPATH", "")]))
-    args = ["build", "diffusers:LTXVideoTransformer3DModel", "--example-inputs", "generic_model:ltx_inputs",
-            "--model-config", json.dumps(__import__("generic_model").LTX_TINY), "--shapes", "64x64x9",
-            "--dtype", "fp32", "--device", "cpu", "--out", str(tmp_path / "ltx"), "--json", "-q"]
+    args = [
+        "build",
+        "diffusers:LTXVideoTransformer3DModel",
+        "--example-inputs",
+        "generic_model:ltx_inputs",
+        "--model-config",
+        json.dumps(__import__("generic_model").LTX_TINY),
+        "--shapes",
+        "64x64x9",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "ltx"),
+        "--json",
+        "-q",
+    ]
     missing = cli(*args[:2], "--shapes", "64x64x9", "--dtype", "fp32", "--device", "cpu", env=env)
     assert_user_error(missing, "--example-inputs module:function")
     proc = cli(*args, env=env)

@@ -19,8 +19,9 @@ WAN_MATCHES = {"WanTransformerBlock": 4}  # self-attn q, k; cross-attn q, k
 
 
 def _inputs(spec, model, shape, seed=1):
-    return spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.float32, device="cpu",
-                                       text_len=spec.text_len, seed=seed)
+    return spec.adapter.example_inputs(
+        model, ShapeBucket.parse(shape), dtype=torch.float32, device="cpu", text_len=spec.text_len, seed=seed
+    )
 
 
 def _check_buckets(preset, shapes, expected_matches, config=None):
@@ -69,11 +70,13 @@ def test_flux_tiny_with_rms_norm_disabled():
 
 
 def test_generic_adapter_ltx_video():
-    spec = resolve_model("diffusers:LTXVideoTransformer3DModel", example_inputs="generic_model:ltx_inputs",
-                         model_config=LTX_TINY)
+    spec = resolve_model(
+        "diffusers:LTXVideoTransformer3DModel", example_inputs="generic_model:ltx_inputs", model_config=LTX_TINY
+    )
     model = spec.load(dtype=torch.float32, device="cpu", seed=0)
-    inp = spec.adapter.example_inputs(model, ShapeBucket.parse("64x96x9"), dtype=torch.float32, device="cpu",
-                                      text_len=8, seed=1)
+    inp = spec.adapter.example_inputs(
+        model, ShapeBucket.parse("64x96x9"), dtype=torch.float32, device="cpu", text_len=8, seed=1
+    )
     with torch.no_grad():
         ref = model(**inp)[0]
     omni_compile.compile(model)

@@ -8,12 +8,15 @@ from omni_compile.errors import ConfigError
 from omni_compile.passes import resolve_enabled
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("1024x1024", ShapeBucket(1024, 1024, None, 1)),
-    ("480x832x81", ShapeBucket(480, 832, 81, 1)),
-    ("512x512@2", ShapeBucket(512, 512, None, 2)),
-    (" 64X96x9@3 ", ShapeBucket(64, 96, 9, 3)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1024x1024", ShapeBucket(1024, 1024, None, 1)),
+        ("480x832x81", ShapeBucket(480, 832, 81, 1)),
+        ("512x512@2", ShapeBucket(512, 512, None, 2)),
+        (" 64X96x9@3 ", ShapeBucket(64, 96, 9, 3)),
+    ],
+)
 def test_bucket_parse(text, expected):
     assert ShapeBucket.parse(text) == expected
     assert ShapeBucket.parse(str(expected)) == expected

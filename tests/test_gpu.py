@@ -10,16 +10,20 @@ from omni_compile.models import resolve_model
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("preset,shape,expected", [
-    ("flux-tiny", "128x128", {"FluxTransformerBlock": 4, "FluxSingleTransformerBlock": 2}),
-    ("wan-tiny", "64x96x9", {"WanTransformerBlock": 4}),
-])
+@pytest.mark.parametrize(
+    "preset,shape,expected",
+    [
+        ("flux-tiny", "128x128", {"FluxTransformerBlock": 4, "FluxSingleTransformerBlock": 2}),
+        ("wan-tiny", "64x96x9", {"WanTransformerBlock": 4}),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tiny_presets_on_cuda(preset, shape, expected, dtype, fresh_dynamo, no_inductor_cache):
     spec = resolve_model(preset)
     model = spec.load(dtype=dtype, device="cuda", seed=0)
-    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=dtype, device="cuda",
-                                         text_len=spec.text_len, seed=1)
+    inputs = spec.adapter.example_inputs(
+        model, ShapeBucket.parse(shape), dtype=dtype, device="cuda", text_len=spec.text_len, seed=1
+    )
     with torch.no_grad():
         ref = model(**inputs)[0]
     omni_compile.compile(model)

@@ -9,14 +9,35 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_installs_subpackages_under_omni_compile(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("omni_compile-*.whl")
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
-    code = ("import omni_compile, omni_compile.graphs, omni_compile.passes, omni_compile.models, "
-            "omni_compile.server; print(omni_compile.passes.__file__)")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    code = (
+        "import omni_compile, omni_compile.graphs, omni_compile.passes, omni_compile.models, "
+        "omni_compile.server; print(omni_compile.passes.__file__)"
+    )
     env = dict(os.environ, PYTHONPATH=str(target))
     # -P: do not put the working directory (the source tree) on sys.path.
     proc = subprocess.run([sys.executable, "-P", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)

@@ -166,7 +166,9 @@ def test_disabled_pass_matches_nothing():
 def test_semantics_option_restricts_patterns():
     norm = DiffusersRMSNorm(16, eps=1e-6).to(torch.bfloat16)
     gm = aten_graph(lambda t: norm(t), torch.randn(2, 16, dtype=torch.bfloat16))
-    log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"], pass_options={"rms_norm": {"semantics": ["torch"]}}))
+    log = run_passes(
+        gm, CompileConfig(passes=["-lower_fused_ops"], pass_options={"rms_norm": {"semantics": ["torch"]}})
+    )
     assert log.matches() == {"rms_norm": 0}
 
 
@@ -234,8 +236,13 @@ def test_through_inductor(fresh_dynamo, no_inductor_cache, tmp_path):
     (rec,) = state.records
     assert rec.passes == {"rms_norm": 1, "lower_fused_ops": 1} and not rec.cache_hit
     dumps = sorted(p.name for p in tmp_path.rglob("*.py"))
-    assert dumps == ["0.rms_norm.after.py", "0.rms_norm.before.py", "1.lower_fused_ops.after.py",
-                     "1.lower_fused_ops.before.py", "dynamo_graph.py"]
+    assert dumps == [
+        "0.rms_norm.after.py",
+        "0.rms_norm.before.py",
+        "1.lower_fused_ops.after.py",
+        "1.lower_fused_ops.before.py",
+        "dynamo_graph.py",
+    ]
     after = next(tmp_path.rglob("0.rms_norm.after.py")).read_text()
     assert "omni_compile.rms_norm" in after
     assert "omni_compile.rms_norm" not in next(tmp_path.rglob("0.rms_norm.before.py")).read_text()

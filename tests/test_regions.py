@@ -34,8 +34,10 @@ def test_instances_that_differ_in_structure_become_separate_regions():
     model = spec.load(dtype=torch.float32, device="cpu", seed=0)
     model.blocks[1].attn1.norm_q.eps = 1e-3  # a block built with another config
     regions = find_regions(model)
-    assert [(r.name, r.paths) for r in regions] == [("WanTransformerBlock#1", ["blocks.0"]),
-                                                    ("WanTransformerBlock#2", ["blocks.1"])]
+    assert [(r.name, r.paths) for r in regions] == [
+        ("WanTransformerBlock#1", ["blocks.0"]),
+        ("WanTransformerBlock#2", ["blocks.1"]),
+    ]
 
 
 def test_region_errors():
@@ -95,12 +97,15 @@ def test_generic_adapter_needs_example_inputs():
         spec.adapter.example_inputs(None, ShapeBucket(64, 64), dtype=torch.float32, device="cpu")
 
 
-@pytest.mark.parametrize("preset,shape,message", [
-    ("flux-tiny", "64x64x5", "FLUX takes images"),
-    ("flux-tiny", "72x64", "divisible by 16"),
-    ("wan-tiny", "64x64", "needs frames"),
-    ("wan-tiny", "64x64x6", "frames = 4k\\+1"),
-])
+@pytest.mark.parametrize(
+    "preset,shape,message",
+    [
+        ("flux-tiny", "64x64x5", "FLUX takes images"),
+        ("flux-tiny", "72x64", "divisible by 16"),
+        ("wan-tiny", "64x64", "needs frames"),
+        ("wan-tiny", "64x64x6", "frames = 4k\\+1"),
+    ],
+)
 def test_bucket_checks(preset, shape, message):
     from omni_compile.config import ShapeBucket
 

@@ -4,7 +4,7 @@ and (from the kernels issue on) per-platform kernels.
 Importing this package registers every op under the `omni_compile` torch library namespace.
 """
 
-from omni_compile.ops.registry import FUSED_OPS, FusedOp, Resolution, get_fused_op
+from omni_compile.ops.registry import FUSED_OPS, FusedOp, Resolution
 from omni_compile.ops import rms_norm  # noqa: F401  (registers the op)
 
-__all__ = ["FUSED_OPS", "FusedOp", "Resolution", "get_fused_op"]
+__all__ = ["FUSED_OPS", "FusedOp", "Resolution"]

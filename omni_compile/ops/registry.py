@@ -50,7 +50,3 @@ def register_fused_op(op: FusedOp) -> FusedOp:
     assert op.name not in FUSED_OPS, f"fused op {op.name} registered twice"
     FUSED_OPS[op.name] = op
     return op
-
-
-def get_fused_op(name: str) -> FusedOp:
-    return FUSED_OPS[name]

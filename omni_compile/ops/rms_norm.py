@@ -41,8 +41,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cast_befo
 
 @rms_norm.register_fake
 def _rms_norm_fake(x, weight, eps, cast_before_weight):
-    return torch.empty_like(x, dtype=rms_norm_out_dtype(x, weight, cast_before_weight),
-                            memory_format=torch.contiguous_format)
+    return torch.empty_like(
+        x, dtype=rms_norm_out_dtype(x, weight, cast_before_weight), memory_format=torch.contiguous_format
+    )
 
 
 RMS_NORM = register_fused_op(
