@@ -124,7 +124,8 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     )
 
     bucket_reports = []
-    for bucket in buckets:
+    for i, bucket in enumerate(buckets, 1):
+        events.on_stage(f"bucket {bucket} ({i}/{len(buckets)}): tracing and compiling each region")
         inputs = spec.adapter.example_inputs(
             model, bucket, dtype=dtype, device=device, text_len=opts.text_len or spec.text_len, seed=opts.seed
         )
