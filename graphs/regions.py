@@ -9,6 +9,7 @@ class that differ in structure (a block built with another config) form separate
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -42,6 +43,7 @@ class Region:
         }
 
 
+@functools.cache
 def _class_source_hash(cls: type) -> str:
     try:
         src = inspect.getsource(cls)

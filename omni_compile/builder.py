@@ -10,6 +10,7 @@ temporary name and renamed into place: a failed build never leaves a partial out
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 import json
 import logging
 import shutil
@@ -193,12 +194,15 @@ def _cache_info(info) -> dict[str, int]:
     return {k: len(getattr(info, k)) for k in kinds if isinstance(getattr(info, k, None), list)}
 
 
+def _sum_matches(records: list[RegionCompile]) -> dict[str, int]:
+    total: Counter = Counter()
+    for rec in records:
+        total.update(rec.passes)
+    return dict(total)
+
+
 def _report(spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm, total) -> dict[str, Any]:
     records = state.records
-    matches: dict[str, int] = {}
-    for rec in records:
-        for name, n in rec.passes.items():
-            matches[name] = matches.get(name, 0) + n
     regions = []
     for region in state.regions:
         recs = [r for r in records if r.region == region.name]
@@ -206,6 +210,7 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
             {
                 **region.to_json(),
                 "parameters_per_instance": count_parameters(region.instances[0][1]),
+                "matches": _sum_matches(recs),
                 "compiles": [r.to_json() for r in recs],
             }
         )
@@ -230,7 +235,7 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
         "platform": state.platform.to_json(),
         "compile_config": state.config.to_json(),
         "compile_config_hash": state.config.compute_hash(),
-        "passes": {"enabled": state.pass_manager.enabled, "uuid": state.pass_uuid, "matches": matches},
+        "passes": {"enabled": state.pass_manager.enabled, "uuid": state.pass_uuid, "matches": _sum_matches(records)},
         "fused_op_implementations": resolutions,
         "regions": regions,
         "buckets": bucket_reports,

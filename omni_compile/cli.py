@@ -139,17 +139,13 @@ def _print_summary(console, report, out) -> None:
         t.add_column(col, justify="left" if col in ("region", "pass matches") else "right")
     for r in report["regions"]:
         comps = r["compiles"]
-        matches: dict[str, int] = {}
-        for c in comps:
-            for k, v in (c["passes"] or {}).items():
-                matches[k] = matches.get(k, 0) + v
         t.add_row(
             r["name"],
             str(len(r["instances"])),
             str(len(comps)),
             str(sum(c["cache_hit"] for c in comps)),
             f"{sum(c['seconds'] for c in comps):.2f}",
-            ", ".join(f"{k}={v}" for k, v in matches.items()) or "-",
+            ", ".join(f"{k}={v}" for k, v in r["matches"].items()) or "-",
         )
     console.print(t)
     tot = report["totals"]

@@ -75,7 +75,7 @@ class ShapeBucket:
         if not items:
             raise ConfigError("no shapes given: pass --shapes like 1024x1024 (or 480x832x81 for video)")
         buckets = [cls.parse(t, default_batch) for t in items]
-        return sorted(set(buckets), key=buckets.index)
+        return list(dict.fromkeys(buckets))
 
     def __str__(self) -> str:
         s = f"{self.height}x{self.width}"

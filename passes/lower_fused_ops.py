@@ -31,10 +31,6 @@ class LowerFusedOpsPass(OmniPass):
         self.resolutions: dict[str, Resolution] = {}
         self._patterns: PatternMatcherPass | None = None
 
-    def is_applicable(self, platform, config) -> bool:
-        self.platform = platform
-        return True
-
     def apply(self, graph: torch.fx.Graph) -> int:
         assert self.platform is not None, "LowerFusedOpsPass needs its platform before it runs"
         if self._patterns is None:

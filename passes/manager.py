@@ -102,6 +102,7 @@ class PassManager(CustomGraphPass):
     def __init__(self, config: CompileConfig, platform: Platform):
         self.enabled = enabled_passes(config)
         self.platform = platform
+        self._uuid: str | None = None
         self.passes: list[OmniPass] = []
         for name in self.enabled:
             cls = PASSES[name]
@@ -144,8 +145,11 @@ class PassManager(CustomGraphPass):
         logger.info("passes on %s: %s (%.1f ms)", log.label, summary, 1e3 * sum(r.seconds for r in log.runs))
 
     def uuid(self) -> str:
-        parts = [(p.name, p.uuid()) for p in self.passes]
-        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+        # Inductor asks on every compile; the pass list is fixed at construction, so hash it once.
+        if self._uuid is None:
+            parts = [(p.name, p.uuid()) for p in self.passes]
+            self._uuid = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+        return self._uuid
 
 
 def _dump(path: Path, graph: torch.fx.Graph) -> None:

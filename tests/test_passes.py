@@ -51,10 +51,6 @@ class AtenGraph:
             return self.compiled(*args)
 
 
-def aten_graph(fn, *args):
-    return AtenGraph(fn, *args)
-
-
 def run_passes(gm, config=None):
     pm = PassManager(config or CompileConfig(), CPU)
     log = PassLog("test")
@@ -92,7 +88,7 @@ def test_rms_norm_matches_once_and_keeps_values(kind, dtype, shape):
             norm.weight.copy_(torch.randn_like(norm.weight))
     x = torch.randn(*shape, dtype=dtype)
     with torch.no_grad():
-        gm = aten_graph(lambda t: norm(t), x)
+        gm = AtenGraph(lambda t: norm(t), x)
         eager = norm(x)
         assert "omni_compile.rms_norm.default" not in targets(gm)
         log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
@@ -111,7 +107,7 @@ def test_lowering_inlines_native_and_preserves_values():
     norm = torch.nn.RMSNorm(64, eps=1e-6)
     x = torch.randn(3, 9, 64)
     with torch.no_grad():
-        gm = aten_graph(lambda t: norm(t) * 2 + 1, x)
+        gm = AtenGraph(lambda t: norm(t) * 2 + 1, x)
         log = run_passes(gm)
         assert log.matches() == {"rms_norm": 1, "lower_fused_ops": 1}
         assert not any(t.startswith("omni_compile") for t in targets(gm))
@@ -124,7 +120,7 @@ def test_several_norms_in_one_graph_each_match():
     a, b = torch.nn.RMSNorm(32, eps=1e-6), DiffusersRMSNorm(32, eps=1e-6)
     x, y = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     with torch.no_grad():
-        gm = aten_graph(lambda x, y: a(x) + b(y) + a(y * 3), x, y)
+        gm = AtenGraph(lambda x, y: a(x) + b(y) + a(y * 3), x, y)
         with counters.expect(pass_matches={"rms_norm": 3}):
             run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
 
@@ -144,7 +140,7 @@ def test_near_misses_are_left_alone(case):
         return xf * r * w
 
     w = torch.randn(6, 1) if case == "weight-broadcast-other-dim" else torch.randn(8)
-    gm = aten_graph(fn, x, w)
+    gm = AtenGraph(fn, x, w)
     log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
     if case == "weight-broadcast-other-dim":
         # The normalisation itself is an RMSNorm; the odd weight multiply must stay outside the op.
@@ -158,14 +154,14 @@ def test_near_misses_are_left_alone(case):
 
 def test_disabled_pass_matches_nothing():
     norm = torch.nn.RMSNorm(16)
-    gm = aten_graph(lambda t: norm(t), torch.randn(2, 16))
+    gm = AtenGraph(lambda t: norm(t), torch.randn(2, 16))
     log = run_passes(gm, CompileConfig(passes=["-rms_norm"]))
     assert log.matches() == {"lower_fused_ops": 0}
 
 
 def test_semantics_option_restricts_patterns():
     norm = DiffusersRMSNorm(16, eps=1e-6).to(torch.bfloat16)
-    gm = aten_graph(lambda t: norm(t), torch.randn(2, 16, dtype=torch.bfloat16))
+    gm = AtenGraph(lambda t: norm(t), torch.randn(2, 16, dtype=torch.bfloat16))
     log = run_passes(
         gm, CompileConfig(passes=["-lower_fused_ops"], pass_options={"rms_norm": {"semantics": ["torch"]}})
     )
