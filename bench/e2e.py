@@ -39,6 +39,8 @@ WORKLOADS = {
     "W4-wan": ("wan-tiny", "64x96x9", "fp32", "cpu"),
 }
 MODES = ("eager", "stock", "stock-warm", "omni", "omni-warm")
+# Names of our Triton kernels (omni_compile/ops/kernels), to count them apart from Inductor's own.
+FUSED_KERNEL_NAMES = ("_rms_norm_kernel", "_adaln_kernel", "_gated_residual_kernel", "_rms_norm_rope_kernel")
 
 
 def _rel_l2(a, b) -> float:
@@ -67,6 +69,8 @@ def kernel_profile(step, device: str) -> dict:
             cat = "gemm"
         elif any(k in name for k in ("attention", "flash", "fmha", "cudnn", "sdpa")):
             cat = "attention"
+        elif any(k in name for k in FUSED_KERNEL_NAMES):
+            cat = "fused_ops"
         elif name.startswith("triton"):
             cat = "triton"
         else:
@@ -109,11 +113,13 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         if mode == "stock-warm":
             torch.compiler.load_cache_artifacts(bundle.with_suffix(".stock").read_bytes())
         model.compile_repeated_blocks(fullgraph=True)
-    elif mode in ("omni", "omni-warm"):
-        if mode == "omni-warm":
+    elif mode.split("/")[0] in ("omni", "omni-warm"):
+        # "omni/-adaln/-gated_residual": omni-compile with those pass switches (ablations).
+        base, *switches = mode.split("/")
+        if base == "omni-warm":
             info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
             del info
-        omni_compile.compile(model)
+        omni_compile.compile(model, omni_compile.CompileConfig(passes=switches))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -157,12 +163,13 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         saved = torch.compiler.save_cache_artifacts()
         if saved is not None:
             bundle.with_suffix(".stock").write_bytes(saved[0])
-    if mode in ("omni", "omni-warm"):
+    if mode.split("/")[0] in ("omni", "omni-warm"):
         state = omni_compile.compile_state(model)
         result["omni"] = {
             "region_compiles": len(state.records),
             "cache_hits": sum(r.cache_hit for r in state.records),
             "pass_matches": {r.region: r.passes for r in state.records},
+            "fused_op_implementations": {r.region: r.resolutions for r in state.records},
             "pass_uuid": state.pass_uuid,
         }
         if mode == "omni":
@@ -239,7 +246,7 @@ def main() -> int:
 
 def print_table(results: list[dict]) -> None:
     print(
-        f"{'workload':<8} {'mode':<10} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
+        f"{'workload':<8} {'mode':<24} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
         f"{'rel L2 vs eager':>15} {'peak GiB':>8} {'kernels/step':>12}"
     )
     stock = {}
@@ -248,12 +255,12 @@ def print_table(results: list[dict]) -> None:
             stock.setdefault(r["workload"], r["step_ms"]["median"])
     for r in results:
         if "step_ms" not in r:
-            print(f"{r['workload']:<8} {r['mode']:<10} {r.get('skipped') or 'ERROR'}")
+            print(f"{r['workload']:<8} {r['mode']:<24} {r.get('skipped') or 'ERROR'}")
             continue
         s = r["step_ms"]
         ratio = f"{stock[r['workload']] / s['median']:.3f}x" if r["workload"] in stock else "-"
         print(
-            f"{r['workload']:<8} {r['mode']:<10} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
+            f"{r['workload']:<8} {r['mode']:<24} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
             f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8} "
             f"{r.get('profile', {}).get('kernels', '-'):>12}"
         )

@@ -96,6 +96,11 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     buckets = ShapeBucket.parse_list(shapes)
     for bucket in buckets:
         spec.adapter.check_bucket(bucket)
+    # Kernels asked for by name must be able to run on this platform; say so before any slow work.
+    from omni_compile.passes import PassManager
+    from omni_compile.platform import current_platform
+
+    PassManager(opts.compile, current_platform(device))
     out = Path(opts.out) if opts.out else None
     if out is not None:
         _check_out(out, opts.force)
@@ -216,7 +221,16 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
         )
     resolutions: dict[str, dict] = {}
     for rec in records:
-        resolutions.update(rec.resolutions)
+        for op, res in rec.resolutions.items():
+            seen = resolutions.get(op)
+            if seen is None:
+                resolutions[op] = dict(res)
+            elif seen["implementation"] == res["implementation"]:
+                seen["count"] += res["count"]
+            else:
+                seen["implementation"] = "mixed"
+                seen["reason"] = f"{seen['reason']} | {res['implementation']}: {res['reason']}"
+                seen["count"] += res["count"]
     config_json = json.dumps(spec.config, sort_keys=True, default=str)
     return {
         "schema": "omni-compile/build-report/1",

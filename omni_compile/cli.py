@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omni_compile.errors import ConfigError, OmniCompileError
+from omni_compile.errors import ConfigError, OmniCompileError, find_user_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="pass switches, e.g. -rms_norm, +rms_norm, none, all (repeatable; see `omni-compile passes`)",
     )
+    b.add_argument(
+        "--kernels",
+        action="append",
+        default=[],
+        metavar="OP=IMPL",
+        help="fused-op implementations, e.g. rms_norm=triton or *=native (auto: kernel where it runs, else native)",
+    )
     b.add_argument("--config", help="CompileConfig as JSON (inline or a file); --passes apply on top")
     b.add_argument("--dump-graphs", metavar="DIR", help="write each region's graphs before/after every pass to DIR")
     b.add_argument("--cache-from", metavar="DIR", help="warm-start from the Inductor cache bundle of an earlier build")
@@ -91,6 +98,12 @@ def _cmd_build(args, console) -> int:
 
     config = CompileConfig.from_dict(_json_arg(args.config, "--config") or {})
     config.passes = [*config.passes, *args.passes]
+    for item in (i.strip() for raw in args.kernels for i in raw.split(",")):
+        if item:
+            if "=" not in item:
+                raise ConfigError(f"--kernels {item!r} must look like OP=IMPL, e.g. rms_norm=triton or *=native")
+            op, impl = (t.strip() for t in item.split("=", 1))
+            config.kernels = {**config.kernels, op: impl}
     if args.dump_graphs:
         config.dump_dir = args.dump_graphs
     if args.text_len is not None and args.text_len <= 0:
@@ -155,7 +168,7 @@ def _print_summary(console, report, out) -> None:
         f"buckets: " + ", ".join(f"{b['bucket']} {b['first_call_seconds']:.2f}s" for b in report["buckets"])
     )
     for name, res in report["fused_op_implementations"].items():
-        console.print(f"fused op {name}: {res['implementation']} ({res['reason']})")
+        console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
     console.print(f"wrote {out}/build_report.json" + (", inductor_cache.bin" if report.get("cache_bundle") else ""))
 
 
@@ -211,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("omni-compile: interrupted; nothing was published", file=sys.stderr)
         return 130
+    except Exception as e:
+        user_error = find_user_error(e)
+        if user_error is None:
+            raise
+        print(f"omni-compile: error: {user_error}", file=sys.stderr)
+        return 2
     return 1
 
 

@@ -111,6 +111,13 @@ class CompileConfig:
         default_factory=dict,
         metadata={"doc": "Per-pass options by pass name, e.g. {'rms_norm': {'semantics': ['torch']}}."},
     )
+    kernels: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "doc": "Implementation per fused op: 'auto' (the platform kernel where it can run, else native), "
+            "'native', or a kernel name such as 'triton' (an error if it cannot run). Key '*' sets every op."
+        },
+    )
     fullgraph: bool = field(
         default=True, metadata={"doc": "Each region must trace as one graph; a graph break is an error."}
     )
@@ -139,6 +146,7 @@ class CompileConfig:
         factors = {
             "passes": list(self.passes),
             "pass_options": self.pass_options,
+            "kernels": self.kernels,
             "fullgraph": self.fullgraph,
             "canonicalize_strides": self.canonicalize_strides,
         }

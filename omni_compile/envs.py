@@ -11,6 +11,11 @@ def passes_override() -> str | None:
     return os.environ.get("OMNI_COMPILE_PASSES") or None
 
 
+def kernels_override() -> str | None:
+    """OMNI_COMPILE_KERNELS: fused-op implementations applied over the config's, e.g. 'rms_norm=triton,*=native'."""
+    return os.environ.get("OMNI_COMPILE_KERNELS") or None
+
+
 def dump_dir() -> str | None:
     """OMNI_COMPILE_DUMP_DIR: graph dumps when the config sets no dump_dir."""
     return os.environ.get("OMNI_COMPILE_DUMP_DIR") or None

@@ -12,3 +12,15 @@ class OmniCompileError(Exception):
 
 class ConfigError(OmniCompileError, ValueError):
     """A configuration value or key that omni-compile does not accept."""
+
+
+def find_user_error(exc: BaseException) -> OmniCompileError | None:
+    """The OmniCompileError behind `exc`, if torch wrapped one (a pass raising inside Inductor surfaces as
+    Dynamo's BackendCompilerFailed, with ours as its cause)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OmniCompileError):
+            return exc
+        seen.add(id(exc))
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return None

@@ -30,6 +30,15 @@ def _source(obj: Any) -> str:
         return getattr(obj, "__qualname__", repr(obj))
 
 
+def _trace_like_post_grad(fn, args, **kwargs):
+    """fwd_only, then the view -> reshape rewrite Inductor applies before post-grad passes run."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+
+    gm = fwd_only(fn, args, **kwargs)
+    view_to_reshape(gm)
+    return gm
+
+
 class OmniPass(CustomGraphPass):
     """One graph rewrite. Subclasses set `name`, `OPTIONS` (option -> default) and implement `apply`."""
 
@@ -99,7 +108,7 @@ class PatternPass(OmniPass):
             search_fn,
             replace_fn,
             example_inputs,
-            fwd_only,
+            _trace_like_post_grad,
             self.patterns,
             extra_check=extra_check or (lambda match: True),
             scalar_workaround=scalar_workaround,

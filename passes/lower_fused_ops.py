@@ -1,34 +1,86 @@
-"""Lower fused ops to the implementation their platform resolved to.
+"""Lower fused ops to the implementation their platform and inputs resolve to.
 
-Runs last. For each `omni_compile::*` op in the graph, asks the op's registry entry which
-implementation serves this platform (`FusedOp.resolve`). Where that is the native implementation,
-the call is replaced by the traced body of `forward_native`, so Inductor fuses it with its
-neighbours exactly as it would the original chain (an opaque call would run eager torch, several
-kernels, inside compiled code). Where a platform kernel exists the call stays, and Inductor calls
-that kernel. The resolutions are recorded for the build report.
+Runs last. For each `omni_compile::*` call in the graph, asks the op's registry entry which
+implementation serves this platform and these inputs (`FusedOp.resolve`, honouring the config's
+`kernels` choices):
+
+- native: the call is replaced by the traced body of the native implementation, so Inductor fuses
+  it with its neighbours exactly as it would the original chain (an opaque call would run eager
+  torch, several kernels, inside compiled code);
+- a Triton kernel on a GPU: the call is replaced by the kernel's launcher traced under
+  functionalization, which yields `triton_kernel_wrapper_functional` nodes; Inductor embeds those
+  kernels in its generated code like its own (no Python dispatch in the hot path);
+- a Triton kernel on CPU (only under TRITON_INTERPRET=1, for tests): the call is redirected to the
+  kernel's `triton_op`, which Inductor runs as an external call.
+
+An explicitly requested kernel that cannot serve raises `KernelUnavailableError`. Each graph's
+resolutions (implementation, reason, count, form) go into the build report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 
 import torch
 from torch._inductor.pattern_matcher import CallFunction, KeywordArg, Match, PatternMatcherPass, register_graph_pattern
 
-from omni_compile.ops import FUSED_OPS, FusedOp, Resolution
+from omni_compile.ops import FUSED_OPS, NATIVE, FusedOp, Kernel, Resolution
+from omni_compile.ops.registry import KernelUnavailableError
 from omni_compile.passes.base import OmniPass
 from omni_compile.platform import Platform
 
+logger = logging.getLogger(__name__)
+
+
+def functional_trace(fn, args):
+    """make_fx under functionalization: Triton launches become `triton_kernel_wrapper_functional`."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"), tracing_mode="real")(*args)
+
+
+def inline_native(node: torch.fx.Node, op: FusedOp) -> None:
+    """Replace one fused-op call by the traced body of its native implementation, in place."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    bound = dict(zip(op.arg_names, node.args))
+    bound.update(node.kwargs)
+    tensors = [n for n in op.arg_names if isinstance(bound.get(n), torch.fx.Node)]
+    constants = {n: bound.get(n) for n in op.arg_names if n not in tensors}
+    vals = [bound[n].meta["val"] for n in tensors]
+
+    def native(*values):
+        return op.native(**dict(zip(tensors, values)), **constants)
+
+    with detect_fake_mode(vals) or contextlib.nullcontext():
+        body = make_fx(native)(*vals)
+    graph = node.graph
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    with graph.inserting_before(node):
+        out = graph.graph_copy(body.graph, {ph: bound[name] for ph, name in zip(placeholders, tensors)})
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+
 
 class LowerFusedOpsPass(OmniPass):
-    """Inlines the native implementation of fused ops that have no kernel on this platform."""
+    """Replaces each fused-op call by its resolved implementation (native body or platform kernel)."""
 
     name = "lower_fused_ops"
 
-    def __init__(self, options=None, platform: Platform | None = None):
+    def __init__(self, options=None, platform: Platform | None = None, choices: dict[str, str] | None = None):
         super().__init__(options)
         self.platform = platform
-        self.resolutions: dict[str, Resolution] = {}
+        self.choices = dict(choices or {})
+        if platform is not None:
+            # A kernel asked for by name that cannot run on this platform at all fails now, before any
+            # tracing; input-dependent requirements (dtype, head_dim, layout) are checked per call.
+            for name, choice in self.choices.items():
+                if choice not in ("auto", NATIVE):
+                    FUSED_OPS[name].resolve(platform, None, choice)
+        self.resolutions: dict[str, dict] = {}
         self._patterns: PatternMatcherPass | None = None
 
     def apply(self, graph: torch.fx.Graph) -> int:
@@ -39,25 +91,62 @@ class LowerFusedOpsPass(OmniPass):
                 self._register(op)
         return self._patterns.apply(graph)
 
+    def _record(self, resolution: Resolution, form: str) -> None:
+        entry = self.resolutions.setdefault(resolution.op, {"implementation": None, "reason": None, "count": 0})
+        implementation = f"{resolution.implementation} ({form})" if form else resolution.implementation
+        if entry["implementation"] not in (None, implementation):
+            entry["implementation"] = "mixed"
+            entry["reason"] = f"{entry['reason']} | {implementation}: {resolution.reason}"
+        else:
+            entry["implementation"], entry["reason"] = implementation, resolution.reason
+        entry["count"] += 1
+
     def _register(self, op: FusedOp) -> None:
         pattern = CallFunction(op.overload, *[KeywordArg(name) for name in op.arg_names])
 
         def lower(match: Match, **bound) -> None:
-            resolution = op.resolve(self.platform)
-            self.resolutions[op.name] = resolution
-            if resolution.implementation != "native":
-                return  # the call stays; Inductor calls the platform kernel
+            meta = {n: (v.meta["val"] if isinstance(v, torch.fx.Node) else v) for n, v in bound.items()}
+            choice = self.choices.get(op.name, "auto")
+            resolution = op.resolve(self.platform, meta, choice)
             tensors = [n for n in op.arg_names if isinstance(bound[n], torch.fx.Node)]
             constants = {n: v for n, v in bound.items() if n not in tensors}
+            args = [bound[n] for n in tensors]
+            if resolution.implementation == NATIVE:
+                self._record(resolution, "")
 
-            def native(*values):
-                return op.native(**dict(zip(tensors, values)), **constants)
+                def native(*values):
+                    return op.native(**dict(zip(tensors, values)), **constants)
 
-            match.replace_by_example(native, [bound[n] for n in tensors])
+                match.replace_by_example(native, args)
+                return
+            kernel = op.kernels[resolution.implementation]
+            form = self._lower_kernel(match, op, kernel, tensors, constants, args)
+            self._record(resolution, form)
 
         register_graph_pattern(pattern, pass_dict=self._patterns)(lower)
 
+    def _lower_kernel(self, match: Match, op: FusedOp, kernel: Kernel, tensors, constants, args) -> str:
+        if self.platform.kind != "cpu" and kernel.launcher is not None:
+
+            def launch(*values):
+                return kernel.launcher(**dict(zip(tensors, values)), **constants)
+
+            try:
+                match.replace_by_example(launch, args, trace_fn=functional_trace)
+                return "embedded"
+            except KernelUnavailableError:
+                raise
+            except Exception as e:  # keep the kernel, called through its op, and say why
+                logger.warning(
+                    "could not embed the %s kernel of %s (%s); calling its op instead", kernel.name, op.name, e
+                )
+        node = match.output_node()
+        node.target = kernel.overload
+        return "external call"
+
     def uuid(self) -> str:
-        # The resolution depends on the platform's kernels; they join the hash as they are registered.
-        kernels = sorted((name, kind, k[0]) for name, op in FUSED_OPS.items() for kind, k in op.kernels.items())
-        return hashlib.sha256((super().uuid() + repr(kernels)).encode()).hexdigest()
+        # The resolution depends on the registered kernels and the choices; both join the hash.
+        kernels = sorted((name, k.name, k.platforms) for name, op in FUSED_OPS.items() for k in op.kernels.values())
+        return hashlib.sha256(
+            (super().uuid() + repr(kernels) + repr(sorted(self.choices.items()))).encode()
+        ).hexdigest()

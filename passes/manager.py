@@ -26,14 +26,18 @@ from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
 from omni_compile.passes.base import OmniPass
+from omni_compile.ops.registry import parse_kernel_choices
+from omni_compile.passes.adaln import AdaLNPass
+from omni_compile.passes.gated_residual import GatedResidualPass
 from omni_compile.passes.lower_fused_ops import LowerFusedOpsPass
+from omni_compile.passes.qk_norm_rope import QKNormRopePass
 from omni_compile.passes.rms_norm import RMSNormPass
 from omni_compile.platform import Platform
 
 logger = logging.getLogger("omni_compile.passes")
 
 # The fixed order passes run in. Fusion passes first, lowering of fused ops last.
-PASS_ORDER: tuple[type[OmniPass], ...] = (RMSNormPass, LowerFusedOpsPass)
+PASS_ORDER: tuple[type[OmniPass], ...] = (RMSNormPass, QKNormRopePass, AdaLNPass, GatedResidualPass, LowerFusedOpsPass)
 PASSES: dict[str, type[OmniPass]] = {cls.name: cls for cls in PASS_ORDER}
 
 
@@ -108,7 +112,8 @@ class PassManager(CustomGraphPass):
             cls = PASSES[name]
             options = config.pass_options.get(name, {})
             if cls is LowerFusedOpsPass:
-                p = LowerFusedOpsPass(options, platform=platform)
+                choices = parse_kernel_choices(config.kernels, envs.kernels_override())
+                p = LowerFusedOpsPass(options, platform=platform, choices=choices)
             else:
                 p = _pattern_pass(cls, json.dumps(options, sort_keys=True))
             if p.is_applicable(platform, config):
@@ -137,7 +142,7 @@ class PassManager(CustomGraphPass):
             log.runs.append(PassRun(p.name, matches, seconds))
             counters.pass_matches[p.name] += matches
             if isinstance(p, LowerFusedOpsPass):
-                log.resolutions.update({k: vars(v) for k, v in p.resolutions.items()})
+                log.resolutions.update({k: dict(v) for k, v in p.resolutions.items()})
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.after.py", graph)
         graph.lint()

@@ -16,7 +16,6 @@ the variant was traced with (the dtype decides which rounding convention the cha
 
 from __future__ import annotations
 
-import itertools
 import operator
 
 import torch
@@ -27,6 +26,7 @@ from omni_compile.passes.base import PatternPass
 
 aten = torch.ops.aten
 HALF = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # --- eager patterns: the code the models run ------------------------------------------------------------------
@@ -88,18 +88,39 @@ def _reduces_last_dim_only(match: Match) -> bool:
     return True
 
 
-def _dtype_check(x_dtype: torch.dtype, w_dtype: torch.dtype | None):
+def _dtype_check(traced_x: torch.dtype, weight_ok=None):
+    """Check for a chain traced with activations of dtype `traced_x`.
+
+    Dtype literals are ignored when patterns are compared, so the bf16 and fp16 chains of one form are
+    one registration (fp32 chains differ: they have no casts). The check accepts every activation
+    dtype of the traced structure, and weights for which `weight_ok(x_dtype, w_dtype)` holds.
+    """
+
     def check(match: Match) -> bool:
         x = match.kwargs["x"].meta["val"]
-        if x.dtype != x_dtype or not isinstance(match.kwargs["eps"], float):
+        if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced_x == torch.float32):
             return False
-        if w_dtype is not None:
+        if not isinstance(match.kwargs["eps"], float):
+            return False
+        if weight_ok is not None:
             w = match.kwargs["weight"].meta["val"]
-            if w.dtype != w_dtype or tuple(w.shape) != (x.shape[-1],):
+            if not weight_ok(x.dtype, w.dtype) or tuple(w.shape) != (x.shape[-1],):
                 return False
         return _reduces_last_dim_only(match)
 
     return check
+
+
+def _torch_weight(x_dtype, w_dtype):
+    return w_dtype in (x_dtype, torch.float32)
+
+
+def _cast_first_weight(x_dtype, w_dtype):
+    return w_dtype in HALF and x_dtype in (w_dtype, torch.float32)
+
+
+def _fp32_weight(x_dtype, w_dtype):
+    return x_dtype == w_dtype == torch.float32
 
 
 class RMSNormPass(PatternPass):
@@ -116,25 +137,25 @@ class RMSNormPass(PatternPass):
 
             raise ConfigError(f"rms_norm option 'semantics' accepts 'torch' and 'diffusers', not {sorted(unknown)}")
         eps = {"eps": 1e-6}
-        dtypes = (torch.float32, torch.bfloat16, torch.float16)
-        for x_dtype, w_dtype in itertools.product(dtypes, dtypes):
-            w = torch.empty(8, dtype=w_dtype)
-            check = _dtype_check(x_dtype, w_dtype)
-            if "torch" in semantics and (w_dtype == x_dtype or w_dtype == torch.float32):
-                for x in _examples(x_dtype):
-                    self.register(torch_rms_norm, fused_rms_norm, [x, w, 1e-6], check, eps)
-            x = torch.empty(2, 4, 8, dtype=x_dtype)
-            if "diffusers" in semantics and w_dtype in HALF and (w_dtype == x_dtype or x_dtype == torch.float32):
-                self.register(diffusers_rms_norm, fused_rms_norm_cast_first, [x, w, 1e-6], check, eps)
-            if "diffusers" in semantics and w_dtype == x_dtype == torch.float32:
-                self.register(diffusers_rms_norm, fused_rms_norm, [x, w, 1e-6], check, eps)
-        for x_dtype in dtypes:
-            check = _dtype_check(x_dtype, None)
+        for x_dtype in (torch.float32, torch.bfloat16):
+            w = torch.empty(8, dtype=x_dtype)
             if "torch" in semantics:
                 for x in _examples(x_dtype):
-                    self.register(torch_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], check, eps)
+                    self.register(
+                        torch_rms_norm, fused_rms_norm, [x, w, 1e-6], _dtype_check(x_dtype, _torch_weight), eps
+                    )
+                    self.register(
+                        torch_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], _dtype_check(x_dtype), eps
+                    )
             if "diffusers" in semantics:
                 x = torch.empty(2, 4, 8, dtype=x_dtype)
+                half_w = torch.empty(8, dtype=torch.bfloat16)
+                check = _dtype_check(x_dtype, _cast_first_weight)
+                self.register(diffusers_rms_norm, fused_rms_norm_cast_first, [x, half_w, 1e-6], check, eps)
+                if x_dtype == torch.float32 and "torch" not in semantics:
+                    check = _dtype_check(x_dtype, _fp32_weight)
+                    self.register(diffusers_rms_norm, fused_rms_norm, [x, w, 1e-6], check, eps)
+                check = _dtype_check(x_dtype)
                 self.register(diffusers_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], check, eps)
         if "torch" in semantics:
             self._register_fused_aten_op()

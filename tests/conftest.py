@@ -1,7 +1,13 @@
 import os
 
-import pytest
 import torch
+
+# Without a GPU the Triton kernels run under Triton's interpreter; triton.jit reads TRITON_INTERPRET when
+# a kernel module is imported, so it must be set before anything imports omni_compile.ops.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 
 import omni_compile
 

@@ -75,10 +75,18 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
     assert "compiled FluxTransformerBlock" in proc.stderr and "wrote" in proc.stderr  # progress and summary
     report = json.loads((cold_out / "build_report.json").read_text())
     assert report["totals"]["region_compiles"] == 2 and report["totals"]["cache_hits"] == 0
-    assert report["passes"]["matches"] == {"rms_norm": 6, "lower_fused_ops": 6}
+    matches = {"rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "gated_residual": 5, "lower_fused_ops": 14}
+    assert report["passes"]["matches"] == matches
     assert [r["name"] for r in report["regions"]] == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
     assert report["buckets"][0]["output_finite"] and report["buckets"][0]["output_shape"] == [1, 16, 16]
-    assert report["fused_op_implementations"]["rms_norm"]["implementation"] == "native"
+    implementations = report["fused_op_implementations"]
+    assert {op: r["implementation"] for op, r in implementations.items()} == {
+        "rms_norm_rope": "native",
+        "adaln": "native",
+        "gated_residual": "native",
+    }
+    assert {op: r["count"] for op, r in implementations.items()} == {"rms_norm_rope": 4, "adaln": 5, "gated_residual": 5}
+    assert "not on cpu" in implementations["adaln"]["reason"]
     assert (cold_out / "inductor_cache.bin").stat().st_size == report["cache_bundle"]["bytes"] > 0
     assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []
 
@@ -134,3 +142,16 @@ def test_build_generic_model(subprocess_env, tmp_path):
     report = json.loads(proc.stdout)
     assert report["model"]["family"] == "generic" and report["totals"]["region_compiles"] == 1
     assert report["passes"]["matches"]["rms_norm"] == 6
+
+
+def test_required_kernel_missing_on_cpu_is_a_clear_error(subprocess_env, tmp_path):
+    env = {k: v for k, v in subprocess_env.items() if k != "TRITON_INTERPRET"}
+    proc = cli("build", "flux-tiny", "--kernels", "rms_norm_rope=triton", "--out", str(tmp_path / "o"), env=env)
+    assert_user_error(
+        proc,
+        "the triton kernel for rms_norm_rope was requested but cannot be used: the triton kernel runs on "
+        "cuda/rocm, not on cpu (or set TRITON_INTERPRET=1 to run it on CPU for testing)",
+    )
+    assert not (tmp_path / "o").exists()
+    assert_user_error(cli("build", "--kernels", "rms_norm=cuda", env=env), "kernel choice rms_norm='cuda' is not valid")
+    assert_user_error(cli("build", "--kernels", "nope=triton", env=env), "kernel choice for unknown fused op 'nope'")

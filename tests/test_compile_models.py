@@ -14,8 +14,16 @@ from generic_model import LTX_TINY
 
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fresh_dynamo", "no_inductor_cache")]
 
-FLUX_MATCHES = {"FluxTransformerBlock": 4, "FluxSingleTransformerBlock": 2}  # q, k (+ added q, k)
-WAN_MATCHES = {"WanTransformerBlock": 4}  # self-attn q, k; cross-attn q, k
+# Matches per region and bucket, read off the real graphs (see docs/passes.md).
+FLUX_MATCHES = {
+    # q, k, added q, added k norms; joint q and k rope; norm1, norm1_context, norm2, norm2_context;
+    # the four gated residuals (attention and MLP, image and text streams).
+    "FluxTransformerBlock": {"rms_norm": 4, "qk_norm_rope": 2, "adaln": 4, "gated_residual": 4},
+    "FluxSingleTransformerBlock": {"rms_norm": 2, "qk_norm_rope": 2, "adaln": 1, "gated_residual": 1},
+}
+# Self- and cross-attention q, k norms; self-attention q, k rope; norm1 and norm3; attention and FFN gates.
+WAN_MATCHES = {"WanTransformerBlock": {"rms_norm": 4, "qk_norm_rope": 2, "adaln": 2, "gated_residual": 2}}
+FUSION_PASSES = ("rms_norm", "qk_norm_rope", "adaln", "gated_residual")
 
 
 def _inputs(spec, model, shape, seed=1):
@@ -32,7 +40,7 @@ def _check_buckets(preset, shapes, expected_matches, config=None):
     with torch.no_grad():
         refs = [model(**inp)[0] for inp in first]
         fresh_refs = [model(**inp)[0] for inp in fresh]
-    omni_compile.compile(model, config)
+    omni_compile.compile(model, config or CompileConfig(passes=["all"]))
     state = omni_compile.compile_state(model)
     assert {r.name: len(r.instances) for r in state.regions} == {k: 2 for k in expected_matches}
     for i in range(len(shapes)):
@@ -41,7 +49,8 @@ def _check_buckets(preset, shapes, expected_matches, config=None):
         with counters.expect(regions_compiled=len(expected_matches)), torch.no_grad():
             out = model(**first[i])[0]
         assert rel_l2(out, refs[i]) < 1e-5
-        assert {r.region: r.passes.get("rms_norm", 0) for r in state.records[before:]} == expected_matches
+        got = {r.region: {p: r.passes.get(p, 0) for p in FUSION_PASSES} for r in state.records[before:]}
+        assert got == expected_matches
         with counters.expect(regions_compiled=0), torch.no_grad():
             out = model(**fresh[i])[0]
         assert rel_l2(out, fresh_refs[i]) < 1e-5
@@ -56,17 +65,27 @@ def test_wan_tiny_two_buckets():
     _check_buckets("wan-tiny", ["64x64x5", "64x96x9"], WAN_MATCHES)
 
 
-def test_flux_tiny_with_rms_norm_disabled():
+@pytest.mark.parametrize("disabled", FUSION_PASSES)
+def test_flux_tiny_each_pass_can_be_disabled(disabled):
     spec = resolve_model("flux-tiny")
     model = spec.load(dtype=torch.float32, device="cpu", seed=0)
     inp = _inputs(spec, model, "64x64")
     with torch.no_grad():
         ref = model(**inp)[0]
-    omni_compile.compile(model, CompileConfig(passes=["-rms_norm"]))
-    with counters.expect(regions_compiled=2, pass_matches={"rms_norm": 0}), torch.no_grad():
+    omni_compile.compile(model, CompileConfig(passes=["all", f"-{disabled}"]))
+    with counters.expect(regions_compiled=2, pass_matches={disabled: 0}), torch.no_grad():
         out = model(**inp)[0]
     assert rel_l2(out, ref) < 1e-5
-    assert all("rms_norm" not in r.passes for r in omni_compile.compile_state(model).records)
+    records = omni_compile.compile_state(model).records
+    assert all(disabled not in r.passes for r in records)
+    for r in records:
+        # The other passes match as before; qk_norm_rope finds its norms itself when rms_norm is off.
+        expected = {p: n for p, n in FLUX_MATCHES[r.region].items() if p != disabled}
+        assert {p: r.passes[p] for p in expected} == expected
+        if disabled == "rms_norm":
+            # No rms_norm op is left for the lowering: only the fused ones (rope, adaln, gated) lower.
+            fused = sum(expected[p] for p in ("qk_norm_rope", "adaln", "gated_residual"))
+            assert r.passes["lower_fused_ops"] == fused
 
 
 def test_generic_adapter_ltx_video():

@@ -7,14 +7,16 @@ import omni_compile
 from omni_compile.config import ShapeBucket
 from omni_compile.models import resolve_model
 
+from test_compile_models import FLUX_MATCHES, FUSION_PASSES, WAN_MATCHES
+
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize(
     "preset,shape,expected",
     [
-        ("flux-tiny", "128x128", {"FluxTransformerBlock": 4, "FluxSingleTransformerBlock": 2}),
-        ("wan-tiny", "64x96x9", {"WanTransformerBlock": 4}),
+        ("flux-tiny", "128x128", FLUX_MATCHES),
+        ("wan-tiny", "64x96x9", WAN_MATCHES),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -26,12 +28,16 @@ def test_tiny_presets_on_cuda(preset, shape, expected, dtype, fresh_dynamo, no_i
     )
     with torch.no_grad():
         ref = model(**inputs)[0]
-    omni_compile.compile(model)
+    omni_compile.compile(model, omni_compile.CompileConfig(passes=["all"]))
     with torch.no_grad():
         out = model(**inputs)[0]
     records = omni_compile.compile_state(model).records
-    assert {r.region: r.passes["rms_norm"] for r in records} == expected
-    assert all(r.resolutions["rms_norm"]["implementation"] == "native" for r in records)
+    assert {r.region: {p: r.passes[p] for p in FUSION_PASSES} for r in records} == expected
+    # On CUDA every fused op that survives lowers to its Triton kernel, embedded in Inductor's code.
+    for r in records:
+        assert r.resolutions, r.region
+        for op, res in r.resolutions.items():
+            assert res["implementation"] == "triton (embedded)", (r.region, op, res)
     err = float((out.double() - ref.double()).norm() / ref.double().norm())
     assert err < 1e-2, err
 
@@ -50,3 +56,21 @@ def test_rms_norm_op_matches_float64_on_cuda(dtype, with_weight):
     assert not out.isnan().any()
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert float((out.double() - ref).norm() / ref.norm()) < tol
+
+
+def test_kernels_are_embedded_in_inductor_code(fresh_dynamo, no_inductor_cache):
+    """The generated code launches our Triton kernels itself: no call back into the op's Python."""
+    from torch._inductor.utils import run_and_get_code
+
+    spec = resolve_model("flux-tiny")
+    model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
+    inputs = spec.adapter.example_inputs(
+        model, ShapeBucket.parse("64x64"), dtype=torch.bfloat16, device="cuda", text_len=spec.text_len, seed=1
+    )
+    omni_compile.compile(model, omni_compile.CompileConfig(passes=["all"]))
+    with torch.no_grad():
+        _, codes = run_and_get_code(lambda: model(**inputs))
+    code = "\n".join(codes)
+    for kernel in ("_rms_norm_rope_kernel", "_adaln_kernel", "_gated_residual_kernel"):
+        assert kernel in code, kernel
+    assert "omni_compile.rms_norm_rope_triton" not in code and "omni_compile.adaln_triton" not in code

@@ -1,10 +1,12 @@
 """Fused operators: torch custom ops with a fake implementation, a pure-torch native implementation,
-and (from the kernels issue on) per-platform kernels.
+and per-platform kernels (`omni_compile.ops.kernels`, Triton for CUDA and ROCm).
 
-Importing this package registers every op under the `omni_compile` torch library namespace.
+Importing this package registers every op under the `omni_compile` torch library namespace, and
+every kernel that can be imported here.
 """
 
-from omni_compile.ops.registry import FUSED_OPS, FusedOp, Resolution
-from omni_compile.ops import rms_norm  # noqa: F401  (registers the op)
+from omni_compile.ops.registry import AUTO, FUSED_OPS, NATIVE, FusedOp, Kernel, KernelUnavailableError, Resolution
+from omni_compile.ops import adaln, gated_residual, rms_norm, rms_norm_rope  # noqa: F401  (register the ops)
+from omni_compile.ops import kernels  # noqa: F401,E402  (register the kernels)
 
-__all__ = ["FUSED_OPS", "FusedOp", "Resolution"]
+__all__ = ["AUTO", "FUSED_OPS", "NATIVE", "FusedOp", "Kernel", "KernelUnavailableError", "Resolution"]

@@ -1,16 +1,31 @@
 """Registry of fused ops and how each is implemented on a platform.
 
-Dispatch follows CustomOp semantics: every op has a native implementation (plain torch, so Inductor
-can compile it); a platform-specific kernel is used where one exists for that platform. The build
-report records which implementation each op resolved to and why.
+Dispatch follows CustomOp semantics. Every op has a native implementation (plain torch, so Inductor
+can compile it and fuse it with its neighbours); a platform kernel (a `torch.library.triton_op`
+with the op's exact schema, so Inductor embeds the Triton kernel in its generated code) is used where
+one is registered for the platform and supports the call's inputs.
+
+The choice per op is `auto` (the kernel where it can run, else native, with the reason recorded),
+`native`, or a kernel name such as `triton`. A kernel asked for by name fails closed: if it is
+missing for the platform or does not support the inputs (dtype, head_dim, layout), resolution
+raises `KernelUnavailableError` naming the reason; it never falls back silently.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from omni_compile.errors import OmniCompileError
 from omni_compile.platform import Platform
+
+AUTO = "auto"
+NATIVE = "native"
+
+
+class KernelUnavailableError(OmniCompileError):
+    """An explicitly requested kernel cannot serve this platform or these inputs."""
 
 
 @dataclass(frozen=True)
@@ -18,6 +33,38 @@ class Resolution:
     op: str
     implementation: str  # "native" or a kernel name such as "triton"
     reason: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One platform implementation of a fused op."""
+
+    name: str  # "triton"
+    # Platform kinds it runs on ("cuda", "rocm", "xpu"); "cpu" is added at run time under TRITON_INTERPRET=1.
+    platforms: tuple[str, ...]
+    # The op overload Inductor calls, with the same schema as the fused op (a triton_op for Triton kernels).
+    overload: object
+    # supports(**op_args) -> None when the kernel handles these inputs (real or fake tensors), else the reason.
+    supports: Callable[..., str | None] = lambda **_: None
+    interpretable: bool = True  # runs on CPU tensors under TRITON_INTERPRET=1
+    # The plain launcher behind `overload` (allocates outputs, launches through wrap_triton); the lowering
+    # traces it under functionalization so Inductor embeds the Triton kernels. None: call `overload`.
+    launcher: Callable | None = None
+
+    def unavailable(self, platform: Platform, explicit: bool = False) -> str | None:
+        """Why this kernel cannot run on `platform` at all (None when it can).
+
+        On CPU a Triton kernel runs only under the interpreter, and only when asked for by name:
+        the interpreter is a correctness tool, so automatic selection never picks it.
+        """
+        if platform.kind in self.platforms:
+            if platform.triton_version is None:
+                return "Triton is not installed (pip install triton)"
+            return None
+        if platform.kind == "cpu" and self.interpretable and explicit and os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        hint = " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if platform.kind == "cpu" else ""
+        return f"the {self.name} kernel runs on {'/'.join(self.platforms)}, not on {platform.kind}{hint}"
 
 
 @dataclass
@@ -29,18 +76,35 @@ class FusedOp:
     arg_names: tuple[str, ...]
     # Pure-torch implementation with the op's exact numerics; traceable by make_fx.
     native: Callable
-    # Platform kind ("cuda", "rocm", "xpu", "cpu") -> (kernel name, implementation).
-    kernels: dict[str, tuple[str, Callable]] = field(default_factory=dict)
+    kernels: dict[str, Kernel] = field(default_factory=dict)
 
-    def resolve(self, platform: Platform) -> Resolution:
-        kernel = self.kernels.get(platform.kind)
-        if kernel is not None:
-            return Resolution(self.name, kernel[0], f"{kernel[0]} kernel registered for {platform.kind}")
-        return Resolution(
-            self.name,
-            "native",
-            f"no {self.name} kernel for platform '{platform.kind}'; Inductor compiles the native implementation",
-        )
+    def resolve(self, platform: Platform, args: dict | None = None, choice: str = AUTO) -> Resolution:
+        """The implementation of this op for `platform` and the call's `args` (name -> value/FakeTensor).
+
+        `choice` is `auto`, `native` or a kernel name; a named kernel that cannot serve raises.
+        """
+        if choice == NATIVE:
+            return Resolution(self.name, NATIVE, "native implementation requested")
+        if choice != AUTO:
+            kernel = self.kernels.get(choice)
+            if kernel is None:
+                valid = ", ".join([AUTO, NATIVE, *self.kernels])
+                raise KernelUnavailableError(f"fused op {self.name!r} has no {choice!r} kernel; choose one of: {valid}")
+            why = kernel.unavailable(platform, explicit=True) or (kernel.supports(**args) if args is not None else None)
+            if why:
+                raise KernelUnavailableError(
+                    f"the {choice} kernel for {self.name} was requested but cannot be used: {why}. "
+                    f"Use kernels {self.name}=auto (falls back to native) or {self.name}=native."
+                )
+            return Resolution(self.name, kernel.name, f"{kernel.name} kernel requested")
+        skipped = []
+        for kernel in self.kernels.values():
+            why = kernel.unavailable(platform) or (kernel.supports(**args) if args is not None else None)
+            if why is None:
+                return Resolution(self.name, kernel.name, f"{kernel.name} kernel for {platform.kind}")
+            skipped.append(f"{kernel.name}: {why}")
+        reason = "; ".join(skipped) if skipped else f"no {self.name} kernel is registered"
+        return Resolution(self.name, NATIVE, f"{reason}; Inductor compiles the native implementation")
 
 
 FUSED_OPS: dict[str, FusedOp] = {}
@@ -50,3 +114,47 @@ def register_fused_op(op: FusedOp) -> FusedOp:
     assert op.name not in FUSED_OPS, f"fused op {op.name} registered twice"
     FUSED_OPS[op.name] = op
     return op
+
+
+def register_kernel(op_name: str, kernel: Kernel) -> Kernel:
+    op = FUSED_OPS[op_name]
+    assert kernel.name not in (AUTO, NATIVE), f"kernel name {kernel.name!r} is reserved"
+    assert kernel.name not in op.kernels, f"{op_name} already has a {kernel.name} kernel"
+    op.kernels[kernel.name] = kernel
+    return kernel
+
+
+def parse_kernel_choices(choices: dict[str, str] | None, override: str | None = None) -> dict[str, str]:
+    """Validate per-op implementation choices ('op' or '*' -> 'auto' | 'native' | kernel name).
+
+    `override` ('rms_norm=triton,*=native', from OMNI_COMPILE_KERNELS or --kernels) applies on top.
+    Returns the choice for every registered op.
+    """
+    from omni_compile.errors import ConfigError
+
+    merged = dict(choices or {})
+    for item in (s.strip() for s in (override or "").split(",")):
+        if not item:
+            continue
+        if "=" not in item:
+            raise ConfigError(f"kernel choice {item!r} must look like OP=IMPL, e.g. rms_norm=triton or *=native")
+        op, impl = (t.strip() for t in item.split("=", 1))
+        merged[op] = impl
+    resolved = {name: AUTO for name in FUSED_OPS}
+    if "*" in merged:
+        impl = merged.pop("*")
+        if impl not in (AUTO, NATIVE) and not any(impl in op.kernels for op in FUSED_OPS.values()):
+            raise ConfigError(
+                f"kernel choice '*={impl}': no fused op has a {impl!r} kernel; use auto, native or triton"
+            )
+        for name, op in FUSED_OPS.items():
+            # '*' asks for a kernel only where the op has one; an op without it keeps auto.
+            resolved[name] = impl if impl in (AUTO, NATIVE) or impl in op.kernels else AUTO
+    for name, impl in merged.items():
+        if name not in FUSED_OPS:
+            raise ConfigError(f"kernel choice for unknown fused op {name!r}; fused ops are {', '.join(FUSED_OPS)}")
+        valid = [AUTO, NATIVE, *FUSED_OPS[name].kernels]
+        if impl not in valid:
+            raise ConfigError(f"kernel choice {name}={impl!r} is not valid; choose one of {', '.join(valid)}")
+        resolved[name] = impl
+    return resolved

@@ -1,0 +1,77 @@
+"""`omni_compile::adaln`: normalise the last dimension, then modulate: `norm(x) * (1 + scale) + shift`.
+
+The AdaLN-Zero modulation of FLUX and Wan blocks, and (with no scale and no shift) a LayerNorm or
+RMSNorm without affine parameters.
+
+Numerical contract (what the unfused graph computes once Inductor has compiled it):
+- statistics and normalisation in fp32 (`norm` is "layer": `(x - mean) * rsqrt(var + eps)`, biased
+  variance; or "rms": `x * rsqrt(mean(x^2) + eps)`);
+- `round_norm=True` rounds the normalised value to `x.dtype` before modulating (FLUX: its
+  `nn.LayerNorm` returns bf16); `False` keeps it in fp32 (Wan: `FP32LayerNorm(x.float())`);
+- `(1 + scale)` and the modulation in fp32, from scale/shift in whatever dtype they come;
+- one final rounding to `x.dtype`.
+
+Shapes: `x` is [B, S, D]; `scale` and `shift` are [B or 1, S or 1, D] (per-sample or per-token), any
+strides. Either may be None.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omni_compile.ops.registry import FusedOp, register_fused_op
+
+NORMS = ("layer", "rms")
+
+
+def normalize_native(xf: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
+    if norm == "layer":
+        var, mean = torch.var_mean(xf, dim=-1, correction=0, keepdim=True)
+        return (xf - mean) * torch.rsqrt(var + eps)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def adaln_native(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    norm: str,
+    round_norm: bool,
+) -> torch.Tensor:
+    y = normalize_native(x.to(torch.float32), eps, norm)
+    if round_norm:
+        y = y.to(x.dtype).to(torch.float32)
+    if scale is not None:
+        y = y * (scale.to(torch.float32) + 1)
+    if shift is not None:
+        y = y + shift.to(torch.float32)
+    return y.to(x.dtype)
+
+
+@torch.library.custom_op("omni_compile::adaln", mutates_args=())
+def adaln(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    norm: str,
+    round_norm: bool,
+) -> torch.Tensor:
+    """`norm(x) * (1 + scale) + shift` over the last dimension; see the module docstring."""
+    return adaln_native(x, scale, shift, eps, norm, round_norm)
+
+
+@adaln.register_fake
+def _adaln_fake(x, scale, shift, eps, norm, round_norm):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+ADALN = register_fused_op(
+    FusedOp(
+        name="adaln",
+        overload=torch.ops.omni_compile.adaln.default,
+        arg_names=("x", "scale", "shift", "eps", "norm", "round_norm"),
+        native=adaln_native,
+    )
+)

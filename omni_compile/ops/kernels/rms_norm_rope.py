@@ -1,0 +1,375 @@
+"""Triton kernel for `omni_compile::rms_norm_rope`.
+
+Tiling: a program takes one token (b, s) of the output and BLOCK_H of its heads (all heads with
+`across_heads`, whose statistics span H * D; per head, BLOCK_H is next_power_of_2(H) when the
+token's tile stays within ROPE_TILE elements, else a power of two dividing H: FLUX's 24 heads of 128
+are 3 programs of 8). The tile is held as two [BLOCK_H, BLOCK_HALF] halves, the even and the odd
+elements of each head (BLOCK_HALF = next power of two of D / 2, masked). With SPLIT (the default) x
+is loaded as one contiguous [BLOCK_H, 2*BLOCK_HALF] tile (vectorised) and split into the two halves
+in registers, and the output is joined back the same way; without it, the halves are loaded and
+stored through stride-2 pointers. The token picks its source by index: s < S1 reads x[b, s], else
+x_tail[b, s - S1], each with its own weight. The four cos/sin tables are read at row s with their
+own strides and dtypes (FLUX's cos[:, 0::2] and Wan's freqs[..., 0::2] views are read in place) and
+broadcast over the heads.
+
+Rounding (see `omni_compile.ops.rms_norm_rope`): the RMSNorm follows `omni_compile::rms_norm` and is
+rounded to its output dtype n; the rotation is computed in fp32 from n and the tables and rounded
+once to n's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from omni_compile.ops.kernels._common import (
+    EMULATE_RTNE,
+    MAX_BLOCK,
+    PLATFORMS,
+    cast_to,
+    device_reason,
+    dtype_reason,
+    first,
+    launcher,
+    next_pow2,
+    round_to,
+    width_reason,
+)
+from omni_compile.ops.registry import Kernel, register_kernel
+from omni_compile.ops.rms_norm import rms_norm_out_dtype
+
+
+@triton.jit
+def _rope_normed(
+    base,
+    s_h,
+    w_ptr,
+    heads,
+    hmask,
+    H,
+    D,
+    eps,
+    SD: tl.constexpr,
+    SW: tl.constexpr,
+    N_DTYPE: tl.constexpr,
+    HAS_W: tl.constexpr,
+    CAST_BEFORE_W: tl.constexpr,
+    ACROSS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """RMSNorm of BLOCK_H heads of one token at `base`, rounded to N_DTYPE: (even, odd) fp32 halves."""
+    head_off = heads.to(tl.int64)[:, None] * s_h
+    if SPLIT:
+        cols = tl.arange(0, 2 * BLOCK_HALF)
+        mask = hmask[:, None] & (cols < D)[None, :]
+        x = tl.load(base + (head_off + cols[None, :] * SD), mask=mask, other=0.0).to(tl.float32)
+        xe, xo = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_HALF, 2)))
+    else:
+        half = tl.arange(0, BLOCK_HALF)
+        mask = hmask[:, None] & (half < D // 2)[None, :]
+        ptrs = base + (head_off + (2 * half)[None, :] * SD)
+        xe = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        xo = tl.load(ptrs + SD, mask=mask, other=0.0).to(tl.float32)
+    ss = tl.sum(xe * xe, axis=1) + tl.sum(xo * xo, axis=1)
+    if ACROSS:
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / (H * D) + eps)
+        ye = xe * rstd
+        yo = xo * rstd
+    else:
+        rstd = tl.rsqrt(ss / D + eps)
+        ye = xe * rstd[:, None]
+        yo = xo * rstd[:, None]
+    if HAS_W:
+        # Weight [D] shared by the heads, or [H * D] across heads.
+        if SPLIT:
+            cols = tl.arange(0, 2 * BLOCK_HALF)
+            if ACROSS:
+                w = tl.load(w_ptr + (heads[:, None] * D + cols[None, :]) * SW, mask=mask, other=0.0)
+                we, wo = tl.split(tl.reshape(w.to(tl.float32), (BLOCK_H, BLOCK_HALF, 2)))
+            else:
+                w = tl.load(w_ptr + cols * SW, mask=cols < D, other=0.0)
+                we, wo = tl.split(tl.reshape(w.to(tl.float32), (BLOCK_HALF, 2)))
+                we = we[None, :]
+                wo = wo[None, :]
+        else:
+            half = tl.arange(0, BLOCK_HALF)
+            if ACROSS:
+                w_ptrs = w_ptr + (heads[:, None] * D + (2 * half)[None, :]) * SW
+                we = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+                wo = tl.load(w_ptrs + SW, mask=mask, other=0.0).to(tl.float32)
+            else:
+                w_ptrs = w_ptr + (2 * half) * SW
+                we = tl.load(w_ptrs, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+                wo = tl.load(w_ptrs + SW, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+        if CAST_BEFORE_W:
+            ye = round_to(ye, w_ptr.dtype.element_ty, EMULATE_RTNE)
+            yo = round_to(yo, w_ptr.dtype.element_ty, EMULATE_RTNE)
+        ye = ye * we
+        yo = yo * wo
+    return round_to(ye, N_DTYPE, EMULATE_RTNE), round_to(yo, N_DTYPE, EMULATE_RTNE)
+
+
+@triton.jit
+def _rms_norm_rope_kernel(
+    x_ptr,
+    w_ptr,
+    xt_ptr,
+    wt_ptr,
+    ce_ptr,
+    se_ptr,
+    co_ptr,
+    so_ptr,
+    out_ptr,
+    S1,
+    S_total,
+    H,
+    D,
+    sx_b,
+    sx_s,
+    sx_h,
+    sxt_b,
+    sxt_s,
+    sxt_h,
+    sce,
+    sse,
+    sco,
+    sso,
+    eps,
+    SXD: tl.constexpr,
+    SXTD: tl.constexpr,
+    SW: tl.constexpr,
+    SWT: tl.constexpr,
+    SCED: tl.constexpr,
+    SSED: tl.constexpr,
+    SCOD: tl.constexpr,
+    SSOD: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_WT: tl.constexpr,
+    CAST_BEFORE_W: tl.constexpr,
+    ACROSS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """One token, BLOCK_H heads a program: RMSNorm (rounded to n's dtype), then the interleaved rotation."""
+    eps = eps.to(tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
+    n_dtype = out_ptr.dtype.element_ty
+    tok = tl.program_id(0)
+    b = (tok // S_total).to(tl.int64)
+    s = tok % S_total
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    if HAS_TAIL:
+        if s < S1:
+            ne, no = _rope_normed(
+                x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
+                SXD, SW, n_dtype, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            )  # fmt: skip
+        else:
+            ne, no = _rope_normed(
+                xt_ptr + (b * sxt_b + (s - S1).to(tl.int64) * sxt_s), sxt_h, wt_ptr, heads, hmask, H, D, eps,
+                SXTD, SWT, n_dtype, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            )  # fmt: skip
+    else:
+        ne, no = _rope_normed(
+            x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
+            SXD, SW, n_dtype, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+        )  # fmt: skip
+    half = tl.arange(0, BLOCK_HALF)
+    hm = half < D // 2
+    s64 = s.to(tl.int64)
+    ce = tl.load(ce_ptr + (s64 * sce + half * SCED), mask=hm, other=0.0).to(tl.float32)[None, :]
+    se = tl.load(se_ptr + (s64 * sse + half * SSED), mask=hm, other=0.0).to(tl.float32)[None, :]
+    co = tl.load(co_ptr + (s64 * sco + half * SCOD), mask=hm, other=0.0).to(tl.float32)[None, :]
+    so = tl.load(so_ptr + (s64 * sso + half * SSOD), mask=hm, other=0.0).to(tl.float32)[None, :]
+    out_e = cast_to(ne * ce - no * se, n_dtype, EMULATE_RTNE)
+    out_o = cast_to(no * co + ne * so, n_dtype, EMULATE_RTNE)
+    out_base = out_ptr + tok.to(tl.int64) * H * D + heads.to(tl.int64)[:, None] * D
+    if SPLIT:
+        cols = tl.arange(0, 2 * BLOCK_HALF)
+        out = tl.reshape(tl.join(out_e, out_o), (BLOCK_H, 2 * BLOCK_HALF))
+        tl.store(out_base + cols[None, :], out, mask=hmask[:, None] & (cols < D)[None, :])
+    else:
+        mask = hmask[:, None] & hm[None, :]
+        tl.store(out_base + (2 * half)[None, :], out_e, mask=mask)
+        tl.store(out_base + (2 * half + 1)[None, :], out_o, mask=mask)
+
+
+_ARGS = ("cos_even", "sin_even", "cos_odd", "sin_odd")
+
+
+def supports(
+    x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads
+) -> str | None:
+    """None when the kernel handles these inputs (real or fake tensors), else the reason it does not."""
+    tables = dict(zip(_ARGS, (cos_even, sin_even, cos_odd, sin_odd)))
+    named = {"x": x, "weight": weight, "x_tail": x_tail, "weight_tail": weight_tail, **tables}
+    reason = first(
+        *(dtype_reason(name, t) for name, t in named.items()),
+        *(device_reason(name, t, x) for name, t in named.items() if name != "x"),
+    )
+    if reason:
+        return reason
+    if x.dim() != 4:
+        return f"x has shape {tuple(x.shape)}; the Triton kernel takes [B, S, H, D]"
+    B, S1, H, D = x.shape
+    if D % 2:
+        return f"head_dim {D} is odd; the interleaved rotary embedding needs an even head_dim"
+    reason = width_reason("a token's H * D" if across_heads else "head_dim", H * D if across_heads else D)
+    if reason:
+        return reason
+    if next_pow2(H) * next_pow2(D) > MAX_BLOCK and across_heads:
+        return f"{H} heads x {D} pad to more than {MAX_BLOCK} elements, more than one program holds"
+    S = S1
+    if x_tail is not None:
+        if x_tail.dim() != 4 or x_tail.shape[0] != B or tuple(x_tail.shape[2:]) != (H, D):
+            return f"x_tail has shape {tuple(x_tail.shape)}, expected [{B}, S2, {H}, {D}]"
+        if x_tail.dtype != x.dtype:
+            return f"x_tail has dtype {x_tail.dtype}, x {x.dtype}"
+        if rms_norm_out_dtype(x_tail, weight_tail, cast_before_weight) != rms_norm_out_dtype(
+            x, weight, cast_before_weight
+        ):
+            return "the norms of x and x_tail round to different dtypes (weight and weight_tail dtypes differ)"
+        S += x_tail.shape[1]
+    elif weight_tail is not None:
+        return "weight_tail is given without x_tail"
+    w_shape = (H * D,) if across_heads else (D,)
+    for name, w in (("weight", weight), ("weight_tail", weight_tail)):
+        if w is not None and tuple(w.shape) != w_shape:
+            return f"{name} has shape {tuple(w.shape)}, expected {w_shape}"
+    for name, t in tables.items():
+        if tuple(t.shape) != (S, D // 2):
+            return f"{name} has shape {tuple(t.shape)}, expected ({S}, {D // 2})"
+    return None
+
+
+# Elements of one program's tile: 8 heads of 128 (FLUX, per head), or all 16 (padded) of Wan's 12.
+ROPE_TILE = 1024
+
+
+def _tiling(H: int, D: int, across: bool) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_HALF, num_warps): all heads when across heads or when they fit ROPE_TILE, else the
+    largest power of two dividing H that fits; 2 warps up to 2048 elements (measured best on the H200
+    at the FLUX and Wan shapes, against 4 or 8 warps and 4 to 32 heads a program)."""
+    block_half = next_pow2(D // 2)
+    block_d = 2 * block_half
+    if across or next_pow2(H) * block_d <= ROPE_TILE:
+        block_h = next_pow2(H)
+    else:
+        block_h = max(1, min(H & -H, ROPE_TILE // block_d))
+    num_warps = min(16, max(2, block_h * block_d // 1024))
+    return block_h, block_half, num_warps
+
+
+def _launch(
+    x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads, out,
+    config=None,
+):  # fmt: skip
+    """Launch the kernel writing `out` (contiguous [B, S1 + S2, H, D] of n's dtype).
+
+    `config` (tests and benchmarks only) overrides BLOCK_H, num_warps and SPLIT.
+    """
+    B, S1, H, D = x.shape
+    s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
+    block_h, block_half, num_warps = _tiling(H, D, across_heads)
+    split = True
+    if config:
+        block_h = config.get("BLOCK_H", block_h)
+        num_warps = config.get("num_warps", num_warps)
+        split = config.get("SPLIT", split)
+    xt = x if x_tail is None else x_tail
+    w = x if weight is None else weight
+    wt = x if weight_tail is None else weight_tail
+    launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
+        x,
+        w,
+        xt,
+        wt,
+        cos_even,
+        sin_even,
+        cos_odd,
+        sin_odd,
+        out,
+        S1,
+        s_total,
+        H,
+        D,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        xt.stride(0),
+        xt.stride(1),
+        xt.stride(2),
+        cos_even.stride(0),
+        sin_even.stride(0),
+        cos_odd.stride(0),
+        sin_odd.stride(0),
+        eps,
+        SXD=x.stride(3),
+        SXTD=xt.stride(3),
+        SW=1 if weight is None else weight.stride(0),
+        SWT=1 if weight_tail is None else weight_tail.stride(0),
+        SCED=cos_even.stride(1),
+        SSED=sin_even.stride(1),
+        SCOD=cos_odd.stride(1),
+        SSOD=sin_odd.stride(1),
+        HAS_TAIL=x_tail is not None,
+        HAS_W=weight is not None,
+        HAS_WT=weight_tail is not None,
+        CAST_BEFORE_W=bool(cast_before_weight),
+        ACROSS=bool(across_heads),
+        SPLIT=split,
+        BLOCK_H=block_h,
+        BLOCK_HALF=block_half,
+        EMULATE_RTNE=EMULATE_RTNE,
+        num_warps=num_warps,
+    )
+    return out
+
+
+def _rms_norm_rope_impl(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    x_tail: torch.Tensor | None,
+    weight_tail: torch.Tensor | None,
+    cos_even: torch.Tensor,
+    sin_even: torch.Tensor,
+    cos_odd: torch.Tensor,
+    sin_odd: torch.Tensor,
+    eps: float,
+    cast_before_weight: bool,
+    across_heads: bool,
+) -> torch.Tensor:
+    """`omni_compile::rms_norm_rope` as one Triton kernel."""
+    B, S1, H, D = x.shape
+    s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
+    out = torch.empty((B, s_total, H, D), dtype=rms_norm_out_dtype(x, weight, cast_before_weight), device=x.device)
+    return _launch(
+        x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads,
+        out,
+    )  # fmt: skip
+
+
+# The triton_op runs the kernel eagerly and under torch.compile from the start of a graph; the lowering
+# pass traces `_rms_norm_rope_impl` itself to put the launch into post-grad graphs (see passes/lower_fused_ops.py).
+rms_norm_rope_triton = torch.library.triton_op("omni_compile::rms_norm_rope_triton", mutates_args=())(
+    _rms_norm_rope_impl
+)
+
+
+KERNEL = register_kernel(
+    "rms_norm_rope",
+    Kernel(
+        name="triton",
+        platforms=PLATFORMS,
+        overload=torch.ops.omni_compile.rms_norm_rope_triton.default,
+        supports=supports,
+        launcher=_rms_norm_rope_impl,
+    ),
+)

@@ -1,0 +1,221 @@
+"""QK-norm + RoPE: fuse the RMSNorm of q/k with the rotary embedding that follows it.
+
+Runs after `rms_norm` (and runs its patterns itself first, so it works with that pass disabled), and
+matches `omni_compile::rms_norm` followed by the rotary embedding as the models write it:
+
+    FLUX single block:  apply_rotary_emb(norm_q(q), (cos, sin), sequence_dim=1)          (per-head norm)
+    FLUX double block:  apply_rotary_emb(cat([norm_added_q(q_txt), norm_q(q_img)], 1), ...)
+    Wan self-attention: norm_q(q) over all heads, unflatten to heads, then Wan's rotary embedding
+                        (out[..., 0::2] = x1 * cos - x2 * sin; out[..., 1::2] = x1 * sin + x2 * cos)
+
+and replaces each with one `omni_compile::rms_norm_rope`, which normalises and rotates in one pass
+and writes the concatenated sequence directly (no separate cat copy). The rotation tables are
+passed as strided [S, D/2] views, so nothing is materialised. `extra_check`/handler guards: the
+tables are [S, D] (FLUX) or [1, S, 1, D] (Wan) for the full sequence, head_dim is even, the norm
+output has no other user, the unflatten splits the normalised dimension into heads exactly.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from diffusers.models.embeddings import apply_rotary_emb
+from torch._inductor.pattern_matcher import CallFunction, Ignored, KeywordArg, Match
+
+from omni_compile.ops import rms_norm_rope as _ops  # noqa: F401  (registers omni_compile::rms_norm_rope)
+from omni_compile.passes.base import PatternPass
+from omni_compile.passes.rms_norm import RMSNormPass
+
+aten = torch.ops.aten
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX = 9223372036854775807  # the `end` of an open slice in ATen graphs
+
+
+def flux_norm_rope(x, weight, cos, sin, eps, cbw):
+    n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
+    return apply_rotary_emb(n, (cos, sin), sequence_dim=1)
+
+
+def flux_joint_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, cbw):
+    n = torch.cat(
+        [
+            torch.ops.omni_compile.rms_norm(x, weight, eps, cbw),
+            torch.ops.omni_compile.rms_norm(x_tail, weight_tail, eps, cbw),
+        ],
+        dim=1,
+    )
+    return apply_rotary_emb(n, (cos, sin), sequence_dim=1)
+
+
+def _fused(x, weight, x_tail, weight_tail, cos, sin, eps):
+    return torch.ops.omni_compile.rms_norm_rope(
+        x, weight, x_tail, weight_tail, cos[:, 0::2], sin[:, 0::2], cos[:, 1::2], sin[:, 1::2], eps, False, False
+    )
+
+
+def flux_single(x, weight, cos, sin, eps):
+    return flux_norm_rope(x, weight, cos, sin, eps, False)
+
+
+def flux_single_fused(x, weight, cos, sin, eps):
+    return _fused(x, weight, None, None, cos, sin, eps)
+
+
+def flux_joint(x, weight, x_tail, weight_tail, cos, sin, eps):
+    return flux_joint_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, False)
+
+
+def flux_joint_fused(x, weight, x_tail, weight_tail, cos, sin, eps):
+    return _fused(x, weight, x_tail, weight_tail, cos, sin, eps)
+
+
+def _flux_check(traced: torch.dtype, joint: bool):
+    # The tables' dtype leaves no trace in the pattern (they multiply fp32 values), so both fp32 and
+    # activation-dtype tables are accepted by one registration.
+    def check(match: Match) -> bool:
+        names = ("x", "weight", "cos", "sin") + (("x_tail", "weight_tail") if joint else ())
+        if not all(isinstance(match.kwargs[n], torch.fx.Node) for n in names):
+            return False
+        x = match.kwargs["x"].meta["val"]
+        dtype = x.dtype
+        if (dtype == torch.float32) != (traced == torch.float32) or dtype not in DTYPES:
+            return False  # fp32 chains have no casts; half-precision ones do
+        if any(n.target == torch.ops.omni_compile.rms_norm.default and n.args[3] for n in match.nodes):
+            return False  # cast-before-weight norms are not fused
+        cos, sin = match.kwargs["cos"].meta["val"], match.kwargs["sin"].meta["val"]
+        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs["eps"], float):
+            return False
+        seq = x.shape[1]
+        if joint:
+            tail = match.kwargs["x_tail"].meta["val"]
+            if tail.dtype != dtype or tail.dim() != 4 or tail.shape[0] != x.shape[0] or tail.shape[2:] != x.shape[2:]:
+                return False
+            seq += tail.shape[1]
+        for t in (cos, sin):
+            if t.dtype not in (torch.float32, dtype) or tuple(t.shape) != (seq, x.shape[-1]):
+                return False
+        return True
+
+    return check
+
+
+class QKNormRopePass(PatternPass):
+    """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan) into `omni_compile::rms_norm_rope`."""
+
+    name = "qk_norm_rope"
+
+    def register_patterns(self) -> None:
+        self._norms = RMSNormPass()
+        self._extra_sources.append(self._norms.uuid())
+        # Dtype literals and the bool argument are ignored when patterns are compared, so the bf16 and
+        # fp16 chains are one registration; the checks pin what the traced chain means. Only the torch
+        # convention (cast_before_weight=False, what torch.nn.RMSNorm does) is fused.
+        sw = {"eps": 1e-6}
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.empty(1, 4, 2, 8, dtype=dtype)
+            w = torch.empty(8, dtype=dtype)
+            t, t2 = torch.empty(4, 8), torch.empty(8, 8)
+            self.register(flux_single, flux_single_fused, [x, w, t, t.clone(), 1e-6], _flux_check(dtype, False), sw)
+            self.register(
+                flux_joint,
+                flux_joint_fused,
+                [x, w, x.clone(), w.clone(), t2, t2.clone(), 1e-6],
+                _flux_check(dtype, True),
+                sw,
+            )
+        self._register_wan()
+
+    def _register_wan(self) -> None:
+        # Wan's rotary embedding writes the even and odd halves into an empty tensor; after
+        # functionalisation that is two slice_scatter's, which a traced eager function cannot express.
+        from torch._inductor.pattern_matcher import MULTIPLE
+
+        def call(fn, *args, users=1, **kwargs):
+            return CallFunction(fn, *args, _users=users, **kwargs)
+
+        n = KeywordArg("n")
+        pairs = call(aten.unbind.int, call(aten.reshape.default, n, Ignored()), -1, users=2)
+        x1 = call(operator.getitem, pairs, 0, users=MULTIPLE)
+        x2 = call(operator.getitem, pairs, 1, users=MULTIPLE)
+        cos = call(aten.slice.Tensor, KeywordArg("cos"), 3, 0, MAX, 2, users=MULTIPLE)
+        sin = call(aten.slice.Tensor, KeywordArg("sin"), 3, 1, MAX, 2, users=MULTIPLE)
+        empty = call(
+            aten.empty.memory_format,
+            Ignored(),
+            dtype=Ignored(),
+            layout=Ignored(),
+            device=Ignored(),
+            pin_memory=Ignored(),
+            users=MULTIPLE,
+        )
+        even = call(aten.sub.Tensor, call(aten.mul.Tensor, x1, cos), call(aten.mul.Tensor, x2, sin))
+        odd = call(aten.add.Tensor, call(aten.mul.Tensor, x1, sin), call(aten.mul.Tensor, x2, cos))
+        half = call(aten.copy.default, call(aten.slice.Tensor, empty, 3, 0, MAX, 2), even)
+        first = call(aten.slice_scatter.default, empty, half, 3, 0, MAX, 2, users=MULTIPLE)
+        other = call(aten.copy.default, call(aten.slice.Tensor, first, 3, 1, MAX, 2), odd)
+        pattern = call(aten.slice_scatter.default, first, other, 3, 1, MAX, 2)
+        self.register_handler(pattern, _replace_wan, _wan_check)
+
+    def apply(self, graph: torch.fx.Graph) -> int:
+        # The patterns start from `omni_compile::rms_norm`: make sure the norms are ops, whether or not the
+        # rms_norm pass is on, and put back (as native code) the ones made here that did not fuse, so
+        # turning rms_norm off still leaves no rms_norm op behind.
+        from omni_compile.ops import FUSED_OPS
+        from omni_compile.passes.lower_fused_ops import inline_native
+
+        rms_norm = torch.ops.omni_compile.rms_norm.default
+        before = {n for n in graph.nodes if n.target == rms_norm}
+        self._norms.apply(graph)
+        matches = self.patterns.apply(graph)
+        for node in [n for n in graph.nodes if n.target == rms_norm and n not in before]:
+            inline_native(node, FUSED_OPS["rms_norm"])
+        return matches
+
+
+def _wan_norm(n: torch.fx.Node) -> torch.fx.Node | None:
+    """The `omni_compile::rms_norm` across heads that `n` ([B, S, H, D]) unflattens, if that is all it is."""
+    if n.target not in (aten.reshape.default, aten.view.default) or len(n.users) != 1:
+        return None
+    norm = n.args[0]
+    if not isinstance(norm, torch.fx.Node) or norm.target != torch.ops.omni_compile.rms_norm.default:
+        return None
+    return norm if len(norm.users) == 1 else None
+
+
+def _wan_check(match: Match) -> bool:
+    n, cos, sin = match.kwargs["n"], match.kwargs["cos"], match.kwargs["sin"]
+    if not all(isinstance(v, torch.fx.Node) for v in (n, cos, sin)):
+        return False
+    norm = _wan_norm(n)
+    if norm is None:
+        return False
+    q = n.meta["val"]
+    x = norm.args[0].meta["val"]
+    if (
+        q.dim() != 4
+        or x.dim() != 3
+        or q.shape[-1] % 2
+        or tuple(x.shape) != (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
+    ):
+        return False
+    if q.dtype not in DTYPES or x.dtype != q.dtype:  # the across-heads norm rounds to x's dtype (torch semantics)
+        return False
+    table = (1, q.shape[1], 1, q.shape[3])
+    return all(tuple(t.meta["val"].shape) == table for t in (cos, sin))
+
+
+def _replace_wan(match: Match, n, cos, sin) -> None:
+    norm = _wan_norm(n)
+    x, weight, eps, cbw = norm.args
+    b, s, h, d = n.meta["val"].shape
+
+    def fused(*tensors):
+        x, cos, sin, *w = tensors
+        ce = cos.reshape(s, d)[:, 0::2]
+        so = sin.reshape(s, d)[:, 1::2]
+        return torch.ops.omni_compile.rms_norm_rope(
+            x.reshape(b, s, h, d), w[0] if w else None, None, None, ce, so, ce, so, eps, cbw, True
+        )
+
+    match.replace_by_example(fused, [x, cos, sin] + ([weight] if weight is not None else []))

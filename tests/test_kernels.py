@@ -1,0 +1,463 @@
+"""The Triton kernels of the fused ops against their native implementations.
+
+Without a GPU the kernels run under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1),
+on small shapes. Each check launches the kernel into a NaN-poisoned output (every element must be
+written), compares it with the native implementation evaluated in float64 on upcast inputs (within
+a couple of roundings of the output dtype, scaled by the magnitude of the terms that were rounded),
+and with the native implementation in the same dtype (at most 2 ulps apart, and bitwise equal almost
+everywhere in half precision, which pins the rounding points of the contract). The GPU tests repeat
+this at the FLUX and Wan shapes and through torch.compile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_compile.ops import FUSED_OPS, KernelUnavailableError
+from omni_compile.ops.adaln import adaln_native
+from omni_compile.ops.gated_residual import gated_residual_native
+from omni_compile.ops.kernels import adaln as adaln_k
+from omni_compile.ops.kernels import gated_residual as gated_k
+from omni_compile.ops.kernels import rms_norm as rms_k
+from omni_compile.ops.kernels import rms_norm_rope as rope_k
+from omni_compile.ops.rms_norm import rms_norm_native
+from omni_compile.ops.rms_norm_rope import rms_norm_rope_native
+from omni_compile.platform import current_platform
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+EPS = 1e-6
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ops = torch.ops.omni_compile
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def randn(*shape, dtype=torch.float32, g=None, scale=1.0, offset=0.0):
+    return (torch.randn(*shape, generator=g, device=DEV, dtype=torch.float32) * scale + offset).to(dtype)
+
+
+def up(v):
+    """float64 copy of a tensor argument (keeps None and constants)."""
+    return v.to(torch.float64) if isinstance(v, torch.Tensor) else v
+
+
+def check(launch, native, args: tuple, mag: torch.Tensor | None = None, eager=None) -> torch.Tensor:
+    """Run `launch(*args, out)` into a NaN-poisoned `out` and check it (see the module docstring).
+
+    `mag` (float64, the output's shape) is the magnitude of the terms whose roundings the kernel may
+    carry, for outputs that can cancel (x + y * gate, the rotation, the modulation); 0 when omitted.
+    `eager`, when given, is the triton_op overload: its output must equal the launch bit for bit.
+    """
+    nat = native(*args)
+    ref = native(*(up(a) for a in args))
+    out = torch.full(nat.shape, float("nan"), dtype=nat.dtype, device=nat.device)
+    launch(*args, out)
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} of {out.numel()} outputs not written"
+    fi = torch.finfo(out.dtype)
+    mag = torch.zeros_like(ref) if mag is None else mag
+    scale = ref.abs() + mag
+    tiny = 2 * fi.eps * fi.smallest_normal
+    # Against float64: a final rounding and one intermediate rounding of the output dtype (2 eps),
+    # and in fp32, the sums and rsqrt (16 eps, about 2e-6).
+    k = 16 if out.dtype == torch.float32 else 2
+    err = (out.double() - ref).abs()
+    bad = err > k * fi.eps * scale + tiny
+    assert not bad.any(), f"vs float64: {int(bad.sum())} elements off, worst {float((err / scale).max()):.3g} rel"
+    # Against native in the same dtype: at most 2 ulps in half precision (where it must also be identical
+    # nearly everywhere), 8 in fp32 (sums in another order, and on GPUs an approximate rsqrt).
+    k = 8 if out.dtype == torch.float32 else 2
+    diff = (out.double() - nat.double()).abs()
+    bad = diff > k * fi.eps * (nat.double().abs() + mag) + tiny
+    assert not bad.any(), f"vs native: {int(bad.sum())} elements more than {k} ulps off"
+    if out.dtype != torch.float32:
+        frac = float((out != nat).double().mean())
+        assert frac <= 0.01, f"{frac:.2%} of the elements differ from native"
+    if eager is not None:
+        eager_out = eager(*args)
+        assert eager_out.dtype == nat.dtype and eager_out.shape == nat.shape and eager_out.is_contiguous()
+        assert torch.equal(eager_out, out)
+    return out
+
+
+# ------------------------------------------------------------------ rms_norm
+
+
+def rms_norm_cases():
+    for dtype in DTYPES:
+        for wdt in dict.fromkeys((None, dtype, torch.float32)):
+            for cbw in (False, True):
+                yield pytest.param(dtype, wdt, cbw, id=f"{IDS[dtype]}-w{IDS.get(wdt, 'none')}-cbw{int(cbw)}")
+
+
+@pytest.mark.parametrize("layout", ["rows", "heads_view", "strided_last", "vector"])
+@pytest.mark.parametrize("dtype,wdt,cbw", list(rms_norm_cases()))
+def test_rms_norm(dtype, wdt, cbw, layout):
+    g = _gen(1)
+    if layout == "rows":  # [B, S, D] with a non power of two D
+        x = randn(2, 5, 48, dtype=dtype, g=g, scale=3)
+    elif layout == "heads_view":  # per-head q of a fused qkv: [B, S, H, hd] view with row stride 3*H*hd
+        x = randn(2, 4, 3 * 3 * 24, dtype=dtype, g=g).view(2, 4, 3, 3, 24)[:, :, 1]
+    elif layout == "strided_last":  # a transposed view: the normalised dim is strided
+        x = randn(2, 40, 6, dtype=dtype, g=g).transpose(1, 2)
+    else:
+        x = randn(32, dtype=dtype, g=g)
+    d = x.shape[-1]
+    w = None if wdt is None else randn(2 * d, dtype=wdt, g=g, offset=1)[::2]  # a strided weight
+    assert rms_k.supports(x=x, weight=w, eps=EPS, cast_before_weight=cbw) is None
+    check(rms_k._launch, rms_norm_native, (x, w, EPS, cbw), eager=ops.rms_norm_triton)
+
+
+def test_rms_norm_many_rows():
+    """More rows than one program's tile, a row count that is not a multiple of it, and D = 16."""
+    g = _gen(2)
+    x = randn(3, 67, 16, dtype=torch.bfloat16, g=g)
+    w = randn(16, dtype=torch.bfloat16, g=g)
+    check(rms_k._launch, rms_norm_native, (x, w, EPS, False))
+
+
+# ------------------------------------------------------------------ adaln
+
+
+def _modulation(kind: str, B: int, S: int, D: int, dtype, g, which: int):
+    """scale (which=1) or shift (which=0) the way the models make them."""
+    if kind == "none":
+        return None
+    if kind == "sample_fp32":  # Wan: chunk(6, dim=1) of a fp32 [B, 6, D] tensor -> [B, 1, D] views
+        return randn(B, 6, D, g=g, scale=0.5).chunk(6, dim=1)[which]
+    if kind == "sample":  # FLUX: emb.chunk(3, dim=1) of [B, 3*D], then [:, None]
+        return randn(B, 3 * D, dtype=dtype, g=g, scale=0.5).chunk(3, dim=1)[which][:, None]
+    if kind == "broadcast":  # one modulation for the whole batch
+        return randn(1, 1, D, dtype=dtype, g=g, scale=0.5)
+    return randn(B, S, D, dtype=dtype, g=g, scale=0.5)  # per token
+
+
+def _adaln_mag(x, scale, shift, eps, norm):
+    """|n (1 + scale)| + |shift|; for layer norms |n| + rms(x) / std in place of |n|, since the fp32
+    mean carries an absolute error of order eps * |x|, which x - mean keeps when it cancels."""
+    from omni_compile.ops.adaln import normalize_native
+
+    xd = x.double()
+    n = normalize_native(xd, eps, norm).abs()
+    if norm == "layer":
+        n = n + xd.pow(2).mean(-1, keepdim=True).sqrt() / xd.std(-1, correction=0, keepdim=True)
+    mag = n * (1 + scale.double()).abs() if scale is not None else n
+    return mag + (shift.double().abs() if shift is not None else 0)
+
+
+@pytest.mark.parametrize(
+    "scale_kind,shift_kind",
+    [("sample_fp32", "sample_fp32"), ("sample", "sample"), ("token", "broadcast"), ("none", "token"), ("none", "none")],
+)
+@pytest.mark.parametrize("round_norm", [True, False], ids=["round", "fp32norm"])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
+def test_adaln(dtype, norm, round_norm, scale_kind, shift_kind):
+    g = _gen(3)
+    B, S, D = 2, 5, 48
+    x = randn(B, S, D, dtype=dtype, g=g, scale=2, offset=0.5)
+    scale = _modulation(scale_kind, B, S, D, dtype, g, 1)
+    shift = _modulation(shift_kind, B, S, D, dtype, g, 0)
+    args = (x, scale, shift, EPS, norm, round_norm)
+    assert adaln_k.supports(*args) is None
+    check(adaln_k._launch, adaln_native, args, _adaln_mag(x, scale, shift, EPS, norm), eager=ops.adaln_triton)
+
+
+def test_adaln_strided_x_and_tiny_hidden():
+    """x a non-contiguous view (every other token), D = 32 (tiny presets), more rows than a tile."""
+    g = _gen(4)
+    x = randn(2, 300, 32, dtype=torch.bfloat16, g=g)[:, ::2]
+    scale = randn(2, 1, 32, dtype=torch.bfloat16, g=g)
+    shift = randn(2, 1, 32, dtype=torch.bfloat16, g=g)
+    args = (x, scale, shift, EPS, "layer", True)
+    check(adaln_k._launch, adaln_native, args, _adaln_mag(x, scale, shift, EPS, "layer"))
+
+
+# ------------------------------------------------------------------ gated_residual
+
+
+def _gated_mag(x, y, gate):
+    return x.double().abs() + (y.double() * gate.double()).abs()
+
+
+@pytest.mark.parametrize("gate_kind", ["sample_fp32", "sample", "token", "broadcast"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
+def test_gated_residual(dtype, gate_kind):
+    g = _gen(5)
+    B, S, D = 2, 5, 48
+    x = randn(B, S, D, dtype=dtype, g=g)
+    y = randn(B, S, D, dtype=dtype, g=g, scale=4)
+    gate = _modulation(gate_kind, B, S, D, dtype, g, 2)
+    assert gated_k.supports(x, y, gate) is None
+    check(gated_k._launch, gated_residual_native, (x, y, gate), _gated_mag(x, y, gate), eager=ops.gated_residual_triton)
+
+
+@pytest.mark.parametrize("D", [3072, 1536, 40])
+def test_gated_residual_tilings(D):
+    """Column tiles that divide D (3072 = 3 x 1024, 1536 = 3 x 512) or mask it (40), strided x and y."""
+    g = _gen(6)
+    x = randn(1, 6, 2 * D, dtype=torch.bfloat16, g=g)[..., D:]
+    y = randn(1, 12, D, dtype=torch.bfloat16, g=g)[:, ::2]
+    gate = randn(1, 6, D, g=g)[:, :1]
+    check(gated_k._launch, gated_residual_native, (x, y, gate), _gated_mag(x, y, gate))
+
+
+# ------------------------------------------------------------------ rms_norm_rope
+
+
+def rope_tables(style: str, S: int, D: int, dtype, g):
+    """(cos_even, sin_even, cos_odd, sin_odd) as FLUX or Wan make them: strided [S, D/2] views."""
+    if style == "flux":  # apply_rotary_emb(use_real_unbind_dim=-1): cos/sin [S, D], repeat_interleave'd
+        ang = randn(S, D // 2, g=g, scale=3).repeat_interleave(2, dim=1)
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        return cos[:, 0::2], sin[:, 0::2], cos[:, 1::2], sin[:, 1::2]
+    # Wan: freqs_cos / freqs_sin [1, S, 1, D]; cos = freqs_cos[..., 0::2], sin = freqs_sin[..., 1::2]
+    ang = randn(1, S, 1, D // 2, g=g, scale=3).repeat_interleave(2, dim=-1)
+    cos, sin = ang.cos().to(dtype)[..., 0::2].reshape(S, D // 2), ang.sin().to(dtype)[..., 1::2].reshape(S, D // 2)
+    return cos, sin, cos, sin
+
+
+def _rope_mag(args):
+    """|n_even cos| + |n_odd sin| (even) and |n_odd cos| + |n_even sin| (odd), in float64."""
+    x, w, xt, wt, ce, se, co, so, eps, cbw, across = (up(a) for a in args)
+    from omni_compile.ops.rms_norm_rope import _norm
+
+    n = _norm(x, w, eps, cbw, across)
+    if xt is not None:
+        n = torch.cat([n, _norm(xt, wt, eps, cbw, across)], dim=1)
+    ne, no = n[..., 0::2].abs(), n[..., 1::2].abs()
+    ce, se, co, so = (t.abs()[None, :, None, :] for t in (ce, se, co, so))
+    return torch.stack([ne * ce + no * se, no * co + ne * so], dim=-1).flatten(-2)
+
+
+def rope_cases():
+    """Every dtype x per-head/across x with/without tail x FLUX/Wan tables x weight variant, through the
+    split (default) loads; the stride-2 loads on a subset (they differ in how x and the weight are read)."""
+    for dtype in DTYPES:
+        for across in (False, True):
+            for tail in (False, True):
+                for style in ("flux", "wan"):
+                    weights = ["none", "weight", "cast_before_weight"]
+                    if dtype != torch.float32:
+                        weights.append("fp32_cast_before_weight")
+                    for w in weights:
+                        for split in (True, False) if style == "flux" and w != "weight" else (True,):
+                            yield pytest.param(dtype, across, tail, style, w, split, id="-".join([
+                                IDS[dtype], "across" if across else "head", "tail" if tail else "single", style, w,
+                                "split" if split else "stride2"]))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,across,tail,style,weights,split", list(rope_cases()))
+def test_rms_norm_rope(dtype, across, tail, style, weights, split):
+    g = _gen(7)
+    B, S1, S2, H, D = 2, 3, 2, 3, 24
+    # x a [B, S, H, D] view of a fused projection (row stride larger than H * D)
+    x = randn(B, S1, 2 * H * D, dtype=dtype, g=g, scale=2)[..., : H * D].unflatten(-1, (H, D))
+    xt = randn(B, S2, H, D, dtype=dtype, g=g) if tail else None
+    wn = H * D if across else D
+    wdt = torch.float32 if weights.startswith("fp32") else dtype
+    w = wt = None
+    if weights != "none":
+        w = randn(wn, dtype=wdt, g=g, offset=1)
+        wt = randn(wn, dtype=wdt, g=g, offset=1) if tail else None
+    tables = rope_tables(style, S1 + (S2 if tail else 0), D, torch.float32 if style == "flux" else dtype, g)
+    args = (x, w, xt, wt, *tables, EPS, weights.endswith("cast_before_weight"), across)
+    assert rope_k.supports(*args) is None
+
+    def launch(*a):
+        return rope_k._launch(*a[:-1], a[-1], config={"SPLIT": split})
+
+    check(launch, rms_norm_rope_native, args, _rope_mag(args), eager=ops.rms_norm_rope_triton if split else None)
+
+
+@pytest.mark.parametrize("H,D,across", [(5, 16, False), (24, 8, False), (2, 32, True), (1, 2, False)])
+def test_rms_norm_rope_head_tilings(H, D, across):
+    """Head counts that are not powers of two, several programs per token (24 heads of 8 would fit one
+    tile: forced to 8 heads a program), head_dim 2, and a tail that starts mid-sequence."""
+    g = _gen(8)
+    x = randn(1, 3, H, D, dtype=torch.bfloat16, g=g)
+    xt = randn(1, 4, H, D, dtype=torch.bfloat16, g=g)
+    w = randn(H * D if across else D, dtype=torch.bfloat16, g=g)
+    args = (x, w, xt, w, *rope_tables("flux", 7, D, torch.float32, g), EPS, False, across)
+    config = {"BLOCK_H": 8} if H == 24 else None
+
+    def launch(*a):
+        return rope_k._launch(*a[:-1], a[-1], config=config)
+
+    check(launch, rms_norm_rope_native, args, _rope_mag(args))
+
+
+# ------------------------------------------------------------------ supports, registry
+
+
+def _fake(*shape, dtype=torch.bfloat16):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return torch.empty(*shape, dtype=dtype)
+
+
+def test_supports_reasons():
+    x = _fake(2, 8, 64)
+    assert rms_k.supports(x=x, weight=None, eps=EPS, cast_before_weight=False) is None
+    assert "int32" in rms_k.supports(x=_fake(2, 8, dtype=torch.int32), weight=None, eps=EPS, cast_before_weight=False)
+    assert "float64" in rms_k.supports(x=x, weight=_fake(64, dtype=torch.float64), eps=EPS, cast_before_weight=False)
+    assert "shape" in rms_k.supports(x=x, weight=_fake(32), eps=EPS, cast_before_weight=False)
+    assert "65536" in rms_k.supports(x=_fake(1, 70000), weight=None, eps=EPS, cast_before_weight=False)
+
+    assert adaln_k.supports(x, _fake(2, 1, 64), None, EPS, "layer", True) is None
+    assert "norm" in adaln_k.supports(x, None, None, EPS, "group", True)
+    assert "broadcast" in adaln_k.supports(x, _fake(3, 1, 64), None, EPS, "layer", True)
+    assert "[B, S, D]" in adaln_k.supports(_fake(8, 64), None, None, EPS, "layer", True)
+
+    assert gated_k.supports(x, x, _fake(2, 1, 64, dtype=torch.float32)) is None
+    assert "gate" in gated_k.supports(x, x, _fake(2, 64))
+    assert "y has shape" in gated_k.supports(x, _fake(2, 4, 64), _fake(2, 1, 64))
+    assert "int64" in gated_k.supports(x, x, _fake(2, 1, 64, dtype=torch.int64))
+
+    q = _fake(1, 8, 4, 64)
+    tab = _fake(8, 32, dtype=torch.float32)
+
+    def rope(**kw):
+        args = {
+            "x": q,
+            "weight": _fake(64),
+            "x_tail": None,
+            "weight_tail": None,
+            "cos_even": tab,
+            "sin_even": tab,
+            "cos_odd": tab,
+            "sin_odd": tab,
+            "eps": EPS,
+            "cast_before_weight": False,
+            "across_heads": False,
+        }
+        args.update(kw)
+        return rope_k.supports(**args)
+
+    assert rope() is None
+    assert "odd" in rope(x=_fake(1, 8, 4, 63), weight=None, cos_even=_fake(8, 31))
+    assert "expected (256,)" in rope(across_heads=True)
+    assert "cos_odd" in rope(cos_odd=_fake(9, 32))
+    assert "x_tail" in rope(x_tail=_fake(1, 4, 4, 64, dtype=torch.float16))
+    assert "different dtypes" in rope(x_tail=_fake(1, 2, 4, 64), weight_tail=_fake(64, dtype=torch.float32),
+                                      cast_before_weight=True, cos_even=_fake(10, 32), sin_even=_fake(10, 32),
+                                      cos_odd=_fake(10, 32), sin_odd=_fake(10, 32))  # fmt: skip
+    assert "65536" in rope(x=_fake(1, 8, 600, 128), weight=None, across_heads=True, cos_even=_fake(8, 64),
+                           sin_even=_fake(8, 64), cos_odd=_fake(8, 64), sin_odd=_fake(8, 64))  # fmt: skip
+    assert "int8" in rope(sin_odd=_fake(8, 32, dtype=torch.int8))
+
+
+def test_registry_resolves_the_interpreted_kernel():
+    platform = current_platform("cpu")
+    g = _gen(9)
+    x = randn(2, 4, 3, 16, dtype=torch.bfloat16, g=g)
+    w = randn(16, dtype=torch.bfloat16, g=g)
+    args = {"x": x, "weight": w, "eps": EPS, "cast_before_weight": False}
+    op = FUSED_OPS["rms_norm"]
+    assert set(FUSED_OPS) >= {"rms_norm", "adaln", "gated_residual", "rms_norm_rope"}
+    for name in FUSED_OPS:
+        assert "triton" in FUSED_OPS[name].kernels, name
+    if DEV == "cpu":
+        # auto never picks the interpreter; asked for by name it runs.
+        assert op.resolve(platform, args).implementation == "native"
+    res = op.resolve(current_platform(DEV), args, "triton")
+    assert res.implementation == "triton"
+    out = op.kernels["triton"].overload(**args)
+    assert torch.equal(out, rms_norm_native(x, w, EPS, False))
+    bad = dict(args, x=x.to(torch.int32))
+    with pytest.raises(KernelUnavailableError, match="int32"):
+        op.resolve(current_platform(DEV), bad, "triton")
+
+
+# ------------------------------------------------------------------ GPU: the FLUX (W1) and Wan (W2) shapes
+
+
+def gpu_cases():
+    """(name, op, launch, native, args factory, mag) at the benchmark shapes, bf16, batch 1."""
+    bf = torch.bfloat16
+
+    def flux_rms():
+        return (randn(1, 4608, 24, 128, dtype=bf), randn(128, dtype=bf), EPS, False)
+
+    def wan_rms():
+        return (randn(1, 32760, 1536, dtype=bf), randn(1536, dtype=bf), EPS, False)
+
+    def flux_adaln():
+        emb = randn(1, 3 * 3072, dtype=bf, scale=0.5)
+        shift, scale, _ = emb.chunk(3, dim=1)
+        return (randn(1, 4608, 3072, dtype=bf), scale[:, None], shift[:, None], EPS, "layer", True)
+
+    def wan_adaln():
+        shift, scale, *_ = randn(1, 6, 1536, scale=0.5).chunk(6, dim=1)
+        return (randn(1, 32760, 1536, dtype=bf), scale, shift, EPS, "layer", False)
+
+    def flux_gate():
+        gate = randn(1, 3 * 3072, dtype=bf).chunk(3, dim=1)[2][:, None]
+        return (randn(1, 4096, 3072, dtype=bf), randn(1, 4096, 3072, dtype=bf), gate)
+
+    def wan_gate():
+        return (randn(1, 32760, 1536, dtype=bf), randn(1, 32760, 1536, dtype=bf), randn(1, 6, 1536).chunk(6, 1)[5])
+
+    def flux_rope(tail):
+        def make():
+            tabs = rope_tables("flux", 4608, 128, torch.float32, None)
+            w = randn(128, dtype=bf)
+            if tail:
+                return (randn(1, 512, 24, 128, dtype=bf), w, randn(1, 4096, 24, 128, dtype=bf), randn(128, dtype=bf),
+                        *tabs, EPS, False, False)  # fmt: skip
+            return (randn(1, 4608, 24, 128, dtype=bf), w, None, None, *tabs, EPS, False, False)
+
+        return make
+
+    def wan_rope():
+        tabs = rope_tables("wan", 32760, 128, bf, None)
+        return (randn(1, 32760, 12, 128, dtype=bf), randn(1536, dtype=bf), None, None, *tabs, EPS, False, True)
+
+    return [
+        ("flux_rms_norm", rms_k._launch, rms_norm_native, flux_rms, None),
+        ("wan_rms_norm", rms_k._launch, rms_norm_native, wan_rms, None),
+        ("flux_adaln", adaln_k._launch, adaln_native, flux_adaln, lambda a: _adaln_mag(*a[:4], a[4])),
+        ("wan_adaln", adaln_k._launch, adaln_native, wan_adaln, lambda a: _adaln_mag(*a[:4], a[4])),
+        ("flux_gated_residual", gated_k._launch, gated_residual_native, flux_gate, lambda a: _gated_mag(*a)),
+        ("wan_gated_residual", gated_k._launch, gated_residual_native, wan_gate, lambda a: _gated_mag(*a)),
+        ("flux_single_rms_norm_rope", rope_k._launch, rms_norm_rope_native, flux_rope(False), _rope_mag),
+        ("flux_double_rms_norm_rope", rope_k._launch, rms_norm_rope_native, flux_rope(True), _rope_mag),
+        ("wan_rms_norm_rope", rope_k._launch, rms_norm_rope_native, wan_rope, _rope_mag),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", gpu_cases(), ids=lambda c: c[0])
+def test_kernels_at_model_shapes_on_cuda(case):
+    _, launch, native, make, mag = case
+    torch.manual_seed(0)
+    args = make()
+    check(launch, native, args, mag(args) if mag else None)
+
+
+@pytest.mark.gpu
+def test_triton_ops_inside_torch_compile():
+    """Inductor embeds the triton_ops (fullgraph, no graph break) and computes the same values."""
+    torch._dynamo.reset()
+    bf = torch.bfloat16
+    x = randn(1, 256, 4, 64, dtype=bf)
+    w = randn(64, dtype=bf)
+    tabs = rope_tables("flux", 256, 64, torch.float32, None)
+    h = randn(1, 256, 256, dtype=bf)
+    emb = randn(1, 3 * 256, dtype=bf).chunk(3, dim=1)
+
+    def fn(x, w, h):
+        q = ops.rms_norm_rope_triton(x, w, None, None, *tabs, EPS, False, False)
+        n = ops.rms_norm_triton(x, w, EPS, False)
+        a = ops.adaln_triton(h, emb[1][:, None], emb[0][:, None], EPS, "layer", True)
+        return q, n, ops.gated_residual_triton(h, a * 2, emb[2][:, None])
+
+    eager = fn(x, w, h)
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False)(x, w, h)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+    torch._dynamo.reset()
