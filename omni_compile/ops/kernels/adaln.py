@@ -63,7 +63,7 @@ def _adaln_kernel(
     EMULATE_RTNE: tl.constexpr,
 ):
     """ROWS tokens a program: out = norm(x) * (1 + scale) + shift (see the module docstring)."""
-    eps = eps.to(tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     b = (rows // S).to(tl.int64)
     s = (rows % S).to(tl.int64)

@@ -61,7 +61,7 @@ def _rms_norm_kernel(
     EMULATE_RTNE: tl.constexpr,
 ):
     """ROWS rows of x a program: out[r, :] = rms_norm(x[r, :]) (see the module docstring)."""
-    eps = eps.to(tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D

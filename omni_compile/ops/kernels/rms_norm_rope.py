@@ -158,7 +158,7 @@ def _rms_norm_rope_kernel(
     EMULATE_RTNE: tl.constexpr,
 ):
     """One token, BLOCK_H heads a program: RMSNorm (rounded to n's dtype), then the interleaved rotation."""
-    eps = eps.to(tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
     n_dtype = out_ptr.dtype.element_ty
     tok = tl.program_id(0)
     b = (tok // S_total).to(tl.int64)
