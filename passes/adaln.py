@@ -47,14 +47,14 @@ def _check(traced_x: torch.dtype, mod_fp32: bool):
     # one registration: the check accepts every activation dtype of the same structure (fp32 chains
     # have no casts) with scale/shift in the activation dtype (FLUX form) or fp32 (Wan form).
     def check(match: Match) -> bool:
-        if not all(isinstance(match.kwargs[n], torch.fx.Node) for n in ("x", "scale", "shift")):
+        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "scale", "shift")):
             return False
         x = match.kwargs["x"].meta["val"]
         x_dtype = x.dtype
         mod_dtype = torch.float32 if mod_fp32 else x_dtype
         if x_dtype not in DTYPES or (x_dtype == torch.float32) != (traced_x == torch.float32):
             return False
-        if x.dim() != 3 or not isinstance(match.kwargs["eps"], float):
+        if x.dim() != 3 or not isinstance(match.kwargs.get("eps"), float):
             return False
         b, s, d = x.shape
         for name in ("scale", "shift"):

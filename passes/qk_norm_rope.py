@@ -75,7 +75,7 @@ def _flux_check(traced: torch.dtype, joint: bool):
     # activation-dtype tables are accepted by one registration.
     def check(match: Match) -> bool:
         names = ("x", "weight", "cos", "sin") + (("x_tail", "weight_tail") if joint else ())
-        if not all(isinstance(match.kwargs[n], torch.fx.Node) for n in names):
+        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in names):
             return False
         x = match.kwargs["x"].meta["val"]
         dtype = x.dtype
@@ -84,7 +84,7 @@ def _flux_check(traced: torch.dtype, joint: bool):
         if any(n.target == torch.ops.omni_compile.rms_norm.default and n.args[3] for n in match.nodes):
             return False  # cast-before-weight norms are not fused
         cos, sin = match.kwargs["cos"].meta["val"], match.kwargs["sin"].meta["val"]
-        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs["eps"], float):
+        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
             return False
         seq = x.shape[1]
         if joint:
@@ -104,6 +104,10 @@ class QKNormRopePass(PatternPass):
     """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan) into `omni_compile::rms_norm_rope`."""
 
     name = "qk_norm_rope"
+    # Off by default until verified end to end on the GPU: its kernel beats Inductor 2.0-3.1x when
+    # called directly, but inside a compiled graph on the H200 it measured slower on W1 and wrong on
+    # the W2 shape (docs/passes.md).
+    enabled_by_default = False
 
     def register_patterns(self) -> None:
         self._norms = RMSNormPass()
@@ -184,7 +188,7 @@ def _wan_norm(n: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def _wan_check(match: Match) -> bool:
-    n, cos, sin = match.kwargs["n"], match.kwargs["cos"], match.kwargs["sin"]
+    n, cos, sin = (match.kwargs.get(k) for k in ("n", "cos", "sin"))
     if not all(isinstance(v, torch.fx.Node) for v in (n, cos, sin)):
         return False
     norm = _wan_norm(n)

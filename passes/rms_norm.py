@@ -97,10 +97,14 @@ def _dtype_check(traced_x: torch.dtype, weight_ok=None):
     """
 
     def check(match: Match) -> bool:
+        # The matcher re-checks with literal arguments folded in; anything not a node is not our chain.
+        names = ("x", "weight") if weight_ok is not None else ("x",)
+        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in names):
+            return False
         x = match.kwargs["x"].meta["val"]
         if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced_x == torch.float32):
             return False
-        if not isinstance(match.kwargs["eps"], float):
+        if not isinstance(match.kwargs.get("eps"), float):
             return False
         if weight_ok is not None:
             w = match.kwargs["weight"].meta["val"]

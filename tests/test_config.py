@@ -56,12 +56,16 @@ def test_compile_config_hash_covers_codegen_fields_only():
 
 
 def test_pass_switches():
-    assert resolve_enabled([]) == ["rms_norm", "lower_fused_ops"]
-    assert resolve_enabled(["-rms_norm"]) == ["lower_fused_ops"]
+    everything = ["rms_norm", "qk_norm_rope", "adaln", "gated_residual", "lower_fused_ops"]
+    assert resolve_enabled([]) == ["rms_norm", "adaln", "lower_fused_ops"]
+    assert resolve_enabled(["-rms_norm"]) == ["adaln", "lower_fused_ops"]
+    assert resolve_enabled(["+gated_residual"]) == ["rms_norm", "adaln", "gated_residual", "lower_fused_ops"]
     assert resolve_enabled(["none", "+rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["none,rms_norm"]) == ["rms_norm"]
-    assert resolve_enabled(["-rms_norm", "all"]) == ["rms_norm", "lower_fused_ops"]
-    with pytest.raises(ConfigError, match="unknown pass 'rms' in switch '-rms'; passes are rms_norm, lower_fused_ops"):
+    assert resolve_enabled(["-rms_norm", "all"]) == everything
+    assert resolve_enabled(["all", "-qk_norm_rope"]) == [p for p in everything if p != "qk_norm_rope"]
+    passes = "rms_norm, qk_norm_rope, adaln, gated_residual, lower_fused_ops"
+    with pytest.raises(ConfigError, match=f"unknown pass 'rms' in switch '-rms'; passes are {passes}"):
         resolve_enabled(["-rms"])
 
 
@@ -70,4 +74,53 @@ def test_env_switch_applies_on_top(monkeypatch):
     from omni_compile.platform import current_platform
 
     monkeypatch.setenv("OMNI_COMPILE_PASSES", "-rms_norm")
-    assert PassManager(CompileConfig(), current_platform("cpu")).enabled == ["lower_fused_ops"]
+    assert PassManager(CompileConfig(), current_platform("cpu")).enabled == ["adaln", "lower_fused_ops"]
+
+
+def test_kernel_choices(monkeypatch):
+    from omni_compile.ops.registry import FUSED_OPS, parse_kernel_choices
+
+    ops = set(FUSED_OPS)
+    assert ops == {"rms_norm", "adaln", "gated_residual", "rms_norm_rope"}
+    assert parse_kernel_choices({}) == {op: "auto" for op in ops}
+    assert parse_kernel_choices({"*": "native"}) == {op: "native" for op in ops}
+    assert parse_kernel_choices({"*": "triton", "adaln": "native"}) == {
+        **{op: "triton" for op in ops},
+        "adaln": "native",
+    }
+    # The override (OMNI_COMPILE_KERNELS / --kernels syntax) applies on top of the config.
+    assert parse_kernel_choices({"adaln": "triton"}, "adaln=auto, rms_norm=native")["adaln"] == "auto"
+    with pytest.raises(ConfigError, match="kernel choice for unknown fused op 'rope'; fused ops are"):
+        parse_kernel_choices({"rope": "triton"})
+    with pytest.raises(ConfigError, match="kernel choice adaln='cuda' is not valid; choose one of auto, native, triton"):
+        parse_kernel_choices({"adaln": "cuda"})
+    with pytest.raises(ConfigError, match="must look like OP=IMPL"):
+        parse_kernel_choices({}, "adaln")
+
+
+def test_kernels_config_changes_hash_and_env_applies(monkeypatch):
+    from omni_compile.passes import PassManager
+    from omni_compile.platform import current_platform
+
+    base = CompileConfig().compute_hash()
+    assert CompileConfig(kernels={"adaln": "native"}).compute_hash() != base
+    assert CompileConfig(dump_dir="/x").compute_hash() == base
+    cpu = current_platform("cpu")
+    monkeypatch.setenv("OMNI_COMPILE_KERNELS", "*=native")
+    lowering = PassManager(CompileConfig(passes=["all"]), cpu).passes[-1]
+    assert set(lowering.choices.values()) == {"native"}
+    monkeypatch.setenv("OMNI_COMPILE_KERNELS", "adaln=bogus")
+    with pytest.raises(ConfigError, match="kernel choice adaln='bogus' is not valid"):
+        PassManager(CompileConfig(), cpu)
+
+
+def test_auto_selection_skips_kernels_not_yet_verified():
+    from omni_compile.ops.registry import FUSED_OPS
+    from omni_compile.platform import Platform
+
+    gpu = Platform("cuda", "NVIDIA H200", (9, 0), "2.11.0", "3.6.0", "13.0", None)
+    for op in FUSED_OPS.values():
+        res = op.resolve(gpu, None, "auto")
+        assert res.implementation == "native", res
+        assert f"opt-in until verified end to end (kernels {op.name}=triton)" in res.reason
+        assert op.resolve(gpu, None, "triton").implementation == "triton"

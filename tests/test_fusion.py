@@ -62,7 +62,7 @@ CASES = [
 @pytest.mark.parametrize("preset,blocks,shape,ops", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_blocks_with_triton_kernels_match_eager(preset, blocks, shape, ops, dtype):
     gm, inputs, eager = _block_graph(preset, blocks, dtype, shape)
-    log = run_passes(gm, CompileConfig(kernels={"*": "triton"}))
+    log = run_passes(gm, CompileConfig(passes=["all"], kernels={"*": "triton"}))
     # Every fused op resolved to its Triton kernel (called as its triton_op on CPU) and none is left generic.
     assert {op: r["count"] for op, r in log.resolutions.items()} == ops
     assert all(r["implementation"] == "triton (external call)" for r in log.resolutions.values())

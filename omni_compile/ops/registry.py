@@ -47,6 +47,10 @@ class Kernel:
     # supports(**op_args) -> None when the kernel handles these inputs (real or fake tensors), else the reason.
     supports: Callable[..., str | None] = lambda **_: None
     interpretable: bool = True  # runs on CPU tensors under TRITON_INTERPRET=1
+    # Whether automatic selection may pick it. A kernel becomes auto-selected once it has been
+    # verified end to end through the pass lowering on real hardware (parity in the compiled model
+    # and a measured gain); until then it runs only when asked for by name.
+    auto: bool = False
     # The plain launcher behind `overload` (allocates outputs, launches through wrap_triton); the lowering
     # traces it under functionalization so Inductor embeds the Triton kernels. None: call `overload`.
     launcher: Callable | None = None
@@ -99,7 +103,11 @@ class FusedOp:
             return Resolution(self.name, kernel.name, f"{kernel.name} kernel requested")
         skipped = []
         for kernel in self.kernels.values():
-            why = kernel.unavailable(platform) or (kernel.supports(**args) if args is not None else None)
+            why = (
+                kernel.unavailable(platform)
+                or (None if kernel.auto else f"opt-in until verified end to end (kernels {self.name}={kernel.name})")
+                or (kernel.supports(**args) if args is not None else None)
+            )
             if why is None:
                 return Resolution(self.name, kernel.name, f"{kernel.name} kernel for {platform.kind}")
             skipped.append(f"{kernel.name}: {why}")
