@@ -114,12 +114,14 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
             torch.compiler.load_cache_artifacts(bundle.with_suffix(".stock").read_bytes())
         model.compile_repeated_blocks(fullgraph=True)
     elif mode.split("/")[0] in ("omni", "omni-warm"):
-        # "omni/-adaln/-gated_residual": omni-compile with those pass switches (ablations).
-        base, *switches = mode.split("/")
+        # "omni/all/*=triton": omni-compile with those pass switches and kernel choices (OP=IMPL).
+        base, *items = mode.split("/")
+        switches = [i for i in items if "=" not in i]
+        kernels = dict(i.split("=", 1) for i in items if "=" in i)
         if base == "omni-warm":
             info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
             del info
-        omni_compile.compile(model, omni_compile.CompileConfig(passes=switches))
+        omni_compile.compile(model, omni_compile.CompileConfig(passes=switches, kernels=kernels))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

@@ -10,8 +10,10 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-20}
-# omni/none/+P: only pass P (qk_norm_rope brings its own norms); omni/all: every fusion pass.
-MODES=${MODES:-stock,omni/all,omni/none/+qk_norm_rope,omni/none/+adaln,omni/none/+gated_residual,omni/none/+rms_norm}
+# Mode syntax (bench/e2e.py): omni/SWITCH/.../OP=IMPL. omni/all/*=triton: every fusion pass with its
+# Triton kernel; omni/none/+P/*=triton: only pass P (qk_norm_rope brings its own norms).
+T='*=triton'
+MODES=${MODES:-stock,omni,omni/all/$T,omni/none/+qk_norm_rope/+lower_fused_ops/$T,omni/none/+adaln/+lower_fused_ops/$T,omni/none/+gated_residual/+lower_fused_ops/$T,omni/none/+rms_norm/+lower_fused_ops/$T}
 case "${1:-kernels}" in
   kernels)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"

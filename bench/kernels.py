@@ -167,12 +167,12 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     # rms_norm_rope, FLUX: norm_q per head then apply_rotary_emb(sequence_dim=1); the double block
     # normalises text (norm_added_q) and image (norm_q) queries, concatenates, then applies the rope.
     cos, sin = flux_tables(S1, hd, dev)
-    tabs = (cos[:, 0::2], sin[:, 0::2], cos[:, 1::2], sin[:, 1::2])
+    tabs = (cos, sin)
     norm_added_q = rms_module(hd, dev)
     x = randn(1, S1, H1, hd)
     cases.append(Case("W1 rms_norm_rope single", lambda x, c, s: apply_rotary_emb(norm_q(x), (c, s), sequence_dim=1),
                       (x, cos, sin), ops.rms_norm_rope_triton,
-                      (x, norm_q.weight, None, None, *tabs, EPS, False, False), rope_k._launch,
+                      (x, norm_q.weight, None, None, *tabs, EPS, False, False, "per_element"), rope_k._launch,
                       _rope_configs(H1, hd, False)))  # fmt: skip
     txt, img = randn(1, S_txt, H1, hd), randn(1, S_img, H1, hd)
 
@@ -181,20 +181,20 @@ def make_cases(device: str, quick: bool) -> list[Case]:
         return apply_rotary_emb(q, (c, s), sequence_dim=1)
 
     cases.append(Case("W1 rms_norm_rope double", flux_double, (txt, img, cos, sin), ops.rms_norm_rope_triton,
-                      (txt, norm_added_q.weight, img, norm_q.weight, *tabs, EPS, False, False), rope_k._launch,
+                      (txt, norm_added_q.weight, img, norm_q.weight, *tabs, EPS, False, False, "per_element"),
+                      rope_k._launch,
                       _rope_configs(H1, hd, False)))  # fmt: skip
 
     # Wan: norm_q = RMSNorm(H * 128) over the flat query, unflatten to heads, Wan's rope with [1, S, 1, 128] freqs.
     ang = torch.rand(1, S2, 1, hd // 2, device=dev) * 100
     freqs_cos = ang.cos().repeat_interleave(2, dim=-1).to(BF16)
     freqs_sin = ang.sin().repeat_interleave(2, dim=-1).to(BF16)
-    ce = freqs_cos[..., 0::2].reshape(S2, hd // 2)
-    se = freqs_sin[..., 1::2].reshape(S2, hd // 2)
+    wan_tabs = (freqs_cos.reshape(S2, hd), freqs_sin.reshape(S2, hd))
     q = randn(1, S2, D2)
     cases.append(Case("W2 rms_norm_rope across-heads",
                       lambda q, fc, fs: wan_rope(norm_w(q).unflatten(2, (H2, -1)), fc, fs), (q, freqs_cos, freqs_sin),
                       ops.rms_norm_rope_triton,
-                      (q.unflatten(2, (H2, hd)), norm_w.weight, None, None, ce, se, ce, se, EPS, False, True),
+                      (q.unflatten(2, (H2, hd)), norm_w.weight, None, None, *wan_tabs, EPS, False, True, "per_pair"),
                       rope_k._launch, _rope_configs(H2, hd, True)))  # fmt: skip
     return cases
 

@@ -10,7 +10,7 @@ matches `omni_compile::rms_norm` followed by the rotary embedding as the models 
 
 and replaces each with one `omni_compile::rms_norm_rope`, which normalises and rotates in one pass
 and writes the concatenated sequence directly (no separate cat copy). The rotation tables are
-passed as strided [S, D/2] views, so nothing is materialised. `extra_check`/handler guards: the
+passed whole ([S, D]; Wan's [1, S, 1, D] as a free reshape), with how a pair reads them. `extra_check`/handler guards: the
 tables are [S, D] (FLUX) or [1, S, 1, D] (Wan) for the full sequence, head_dim is even, the norm
 output has no other user, the unflatten splits the normalised dimension into heads exactly.
 """
@@ -50,7 +50,7 @@ def flux_joint_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, cbw):
 
 def _fused(x, weight, x_tail, weight_tail, cos, sin, eps):
     return torch.ops.omni_compile.rms_norm_rope(
-        x, weight, x_tail, weight_tail, cos[:, 0::2], sin[:, 0::2], cos[:, 1::2], sin[:, 1::2], eps, False, False
+        x, weight, x_tail, weight_tail, cos, sin, eps, False, False, "per_element"
     )
 
 
@@ -216,10 +216,9 @@ def _replace_wan(match: Match, n, cos, sin) -> None:
 
     def fused(*tensors):
         x, cos, sin, *w = tensors
-        ce = cos.reshape(s, d)[:, 0::2]
-        so = sin.reshape(s, d)[:, 1::2]
         return torch.ops.omni_compile.rms_norm_rope(
-            x.reshape(b, s, h, d), w[0] if w else None, None, None, ce, so, ce, so, eps, cbw, True
-        )
+            x.reshape(b, s, h, d), w[0] if w else None, None, None, cos.reshape(s, d), sin.reshape(s, d), eps, cbw,
+            True, "per_pair",
+        )  # fmt: skip
 
     match.replace_by_example(fused, [x, cos, sin] + ([weight] if weight is not None else []))

@@ -92,7 +92,9 @@ def test_kernel_choices(monkeypatch):
     assert parse_kernel_choices({"adaln": "triton"}, "adaln=auto, rms_norm=native")["adaln"] == "auto"
     with pytest.raises(ConfigError, match="kernel choice for unknown fused op 'rope'; fused ops are"):
         parse_kernel_choices({"rope": "triton"})
-    with pytest.raises(ConfigError, match="kernel choice adaln='cuda' is not valid; choose one of auto, native, triton"):
+    with pytest.raises(
+        ConfigError, match="kernel choice adaln='cuda' is not valid; choose one of auto, native, triton"
+    ):
         parse_kernel_choices({"adaln": "cuda"})
     with pytest.raises(ConfigError, match="must look like OP=IMPL"):
         parse_kernel_choices({}, "adaln")

@@ -66,7 +66,9 @@ def test_blocks_with_triton_kernels_match_eager(preset, blocks, shape, ops, dtyp
     # Every fused op resolved to its Triton kernel (called as its triton_op on CPU) and none is left generic.
     assert {op: r["count"] for op, r in log.resolutions.items()} == ops
     assert all(r["implementation"] == "triton (external call)" for r in log.resolutions.values())
-    assert {t for t in targets(gm) if t.startswith("omni_compile.")} == {f"omni_compile.{op}_triton.default" for op in ops}
+    assert {t for t in targets(gm) if t.startswith("omni_compile.")} == {
+        f"omni_compile.{op}_triton.default" for op in ops
+    }
     with torch.no_grad():
         fused = gm(*inputs)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
@@ -78,8 +80,8 @@ def test_unsupported_input_for_a_required_kernel_is_an_error_and_auto_falls_back
     op = FUSED_OPS["rms_norm_rope"]
     x = torch.empty(1, 4, 2, 7)  # odd head_dim: no interleaved pairs
     args = dict(
-        x=x, weight=None, x_tail=None, weight_tail=None, cos_even=torch.empty(4, 3), sin_even=torch.empty(4, 3),
-        cos_odd=torch.empty(4, 3), sin_odd=torch.empty(4, 3), eps=1e-6, cast_before_weight=False, across_heads=False,
+        x=x, weight=None, x_tail=None, weight_tail=None, cos=torch.empty(4, 7), sin=torch.empty(4, 7), eps=1e-6,
+        cast_before_weight=False, across_heads=False, tables="per_element",
     )  # fmt: skip
     with pytest.raises(KernelUnavailableError, match="the triton kernel for rms_norm_rope was requested but cannot"):
         op.resolve(CPU, args, "triton")

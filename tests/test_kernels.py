@@ -209,27 +209,33 @@ def test_gated_residual_tilings(D):
 
 
 def rope_tables(style: str, S: int, D: int, dtype, g):
-    """(cos_even, sin_even, cos_odd, sin_odd) as FLUX or Wan make them: strided [S, D/2] views."""
-    if style == "flux":  # apply_rotary_emb(use_real_unbind_dim=-1): cos/sin [S, D], repeat_interleave'd
-        ang = randn(S, D // 2, g=g, scale=3).repeat_interleave(2, dim=1)
-        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-        return cos[:, 0::2], sin[:, 0::2], cos[:, 1::2], sin[:, 1::2]
-    # Wan: freqs_cos / freqs_sin [1, S, 1, D]; cos = freqs_cos[..., 0::2], sin = freqs_sin[..., 1::2]
-    ang = randn(1, S, 1, D // 2, g=g, scale=3).repeat_interleave(2, dim=-1)
-    cos, sin = ang.cos().to(dtype)[..., 0::2].reshape(S, D // 2), ang.sin().to(dtype)[..., 1::2].reshape(S, D // 2)
-    return cos, sin, cos, sin
+    """(cos, sin, tables) as FLUX or Wan make them. The angles are random per element (not repeated per
+    pair), so reading the wrong column of a table changes the result."""
+    if style == "flux":  # apply_rotary_emb(use_real_unbind_dim=-1): cos/sin [S, D]
+        ang = randn(S, D, g=g, scale=3)
+        return ang.cos().to(dtype), ang.sin().to(dtype), "per_element"
+    # Wan: freqs_cos / freqs_sin [1, S, 1, D], passed as a free [S, D] reshape
+    ang = randn(1, S, 1, D, g=g, scale=3)
+    return ang.cos().to(dtype).reshape(S, D), ang.sin().to(dtype).reshape(S, D), "per_pair"
+
+
+def rope_args(x, w, xt, wt, tabs, cbw, across):
+    cos, sin, tables = tabs
+    return (x, w, xt, wt, cos, sin, EPS, cbw, across, tables)
 
 
 def _rope_mag(args):
     """|n_even cos| + |n_odd sin| (even) and |n_odd cos| + |n_even sin| (odd), in float64."""
-    x, w, xt, wt, ce, se, co, so, eps, cbw, across = (up(a) for a in args)
+    x, w, xt, wt, cos, sin, eps, cbw, across, tables = (up(a) for a in args)
     from omni_compile.ops.rms_norm_rope import _norm
 
     n = _norm(x, w, eps, cbw, across)
     if xt is not None:
         n = torch.cat([n, _norm(xt, wt, eps, cbw, across)], dim=1)
     ne, no = n[..., 0::2].abs(), n[..., 1::2].abs()
-    ce, se, co, so = (t.abs()[None, :, None, :] for t in (ce, se, co, so))
+    c, s = cos.abs()[None, :, None, :], sin.abs()[None, :, None, :]
+    ce, so = c[..., 0::2], s[..., 1::2]
+    co, se = (ce, so) if tables == "per_pair" else (c[..., 1::2], s[..., 0::2])
     return torch.stack([ne * ce + no * se, no * co + ne * so], dim=-1).flatten(-2)
 
 
@@ -263,8 +269,8 @@ def test_rms_norm_rope(dtype, across, tail, style, weights, split):
     if weights != "none":
         w = randn(wn, dtype=wdt, g=g, offset=1)
         wt = randn(wn, dtype=wdt, g=g, offset=1) if tail else None
-    tables = rope_tables(style, S1 + (S2 if tail else 0), D, torch.float32 if style == "flux" else dtype, g)
-    args = (x, w, xt, wt, *tables, EPS, weights.endswith("cast_before_weight"), across)
+    tabs = rope_tables(style, S1 + (S2 if tail else 0), D, torch.float32 if style == "flux" else dtype, g)
+    args = rope_args(x, w, xt, wt, tabs, weights.endswith("cast_before_weight"), across)
     assert rope_k.supports(*args) is None
 
     def launch(*a):
@@ -281,7 +287,7 @@ def test_rms_norm_rope_head_tilings(H, D, across):
     x = randn(1, 3, H, D, dtype=torch.bfloat16, g=g)
     xt = randn(1, 4, H, D, dtype=torch.bfloat16, g=g)
     w = randn(H * D if across else D, dtype=torch.bfloat16, g=g)
-    args = (x, w, xt, w, *rope_tables("flux", 7, D, torch.float32, g), EPS, False, across)
+    args = rope_args(x, w, xt, w, rope_tables("flux", 7, D, torch.float32, g), False, across)
     config = {"BLOCK_H": 8} if H == 24 else None
 
     def launch(*a):
@@ -319,7 +325,7 @@ def test_supports_reasons():
     assert "int64" in gated_k.supports(x, x, _fake(2, 1, 64, dtype=torch.int64))
 
     q = _fake(1, 8, 4, 64)
-    tab = _fake(8, 32, dtype=torch.float32)
+    tab = _fake(8, 64, dtype=torch.float32)
 
     def rope(**kw):
         args = {
@@ -327,28 +333,28 @@ def test_supports_reasons():
             "weight": _fake(64),
             "x_tail": None,
             "weight_tail": None,
-            "cos_even": tab,
-            "sin_even": tab,
-            "cos_odd": tab,
-            "sin_odd": tab,
+            "cos": tab,
+            "sin": tab,
             "eps": EPS,
             "cast_before_weight": False,
             "across_heads": False,
+            "tables": "per_element",
         }
         args.update(kw)
         return rope_k.supports(**args)
 
     assert rope() is None
-    assert "odd" in rope(x=_fake(1, 8, 4, 63), weight=None, cos_even=_fake(8, 31))
+    assert rope(tables="per_pair") is None
+    assert "tables='halves'" in rope(tables="halves")
+    assert "odd" in rope(x=_fake(1, 8, 4, 63), weight=None, cos=_fake(8, 63), sin=_fake(8, 63))
     assert "expected (256,)" in rope(across_heads=True)
-    assert "cos_odd" in rope(cos_odd=_fake(9, 32))
+    assert "sin has shape (9, 64), expected (8, 64)" in rope(sin=_fake(9, 64))
     assert "x_tail" in rope(x_tail=_fake(1, 4, 4, 64, dtype=torch.float16))
     assert "different dtypes" in rope(x_tail=_fake(1, 2, 4, 64), weight_tail=_fake(64, dtype=torch.float32),
-                                      cast_before_weight=True, cos_even=_fake(10, 32), sin_even=_fake(10, 32),
-                                      cos_odd=_fake(10, 32), sin_odd=_fake(10, 32))  # fmt: skip
-    assert "65536" in rope(x=_fake(1, 8, 600, 128), weight=None, across_heads=True, cos_even=_fake(8, 64),
-                           sin_even=_fake(8, 64), cos_odd=_fake(8, 64), sin_odd=_fake(8, 64))  # fmt: skip
-    assert "int8" in rope(sin_odd=_fake(8, 32, dtype=torch.int8))
+                                      cast_before_weight=True, cos=_fake(10, 64), sin=_fake(10, 64))  # fmt: skip
+    assert "65536" in rope(x=_fake(1, 8, 600, 128), weight=None, across_heads=True, cos=_fake(8, 128),
+                           sin=_fake(8, 128))  # fmt: skip
+    assert "int8" in rope(sin=_fake(8, 64, dtype=torch.int8))
 
 
 def test_registry_resolves_the_interpreted_kernel():
@@ -407,15 +413,15 @@ def gpu_cases():
             tabs = rope_tables("flux", 4608, 128, torch.float32, None)
             w = randn(128, dtype=bf)
             if tail:
-                return (randn(1, 512, 24, 128, dtype=bf), w, randn(1, 4096, 24, 128, dtype=bf), randn(128, dtype=bf),
-                        *tabs, EPS, False, False)  # fmt: skip
-            return (randn(1, 4608, 24, 128, dtype=bf), w, None, None, *tabs, EPS, False, False)
+                return rope_args(randn(1, 512, 24, 128, dtype=bf), w, randn(1, 4096, 24, 128, dtype=bf),
+                                 randn(128, dtype=bf), tabs, False, False)  # fmt: skip
+            return rope_args(randn(1, 4608, 24, 128, dtype=bf), w, None, None, tabs, False, False)
 
         return make
 
     def wan_rope():
         tabs = rope_tables("wan", 32760, 128, bf, None)
-        return (randn(1, 32760, 12, 128, dtype=bf), randn(1536, dtype=bf), None, None, *tabs, EPS, False, True)
+        return rope_args(randn(1, 32760, 12, 128, dtype=bf), randn(1536, dtype=bf), None, None, tabs, False, True)
 
     return [
         ("flux_rms_norm", rms_k._launch, rms_norm_native, flux_rms, None),
@@ -446,18 +452,21 @@ def test_triton_ops_inside_torch_compile():
     torch._dynamo.reset()
     bf = torch.bfloat16
 
-    def fn(x, w, h, emb, ce, se, co, so):
+    def fn(x, w, h, emb, cos, sin, wan_cos, wan_sin):
         shift, scale, gate = emb.chunk(3, dim=1)
-        q = ops.rms_norm_rope_triton(x, w, None, None, ce, se, co, so, EPS, False, False)
+        q = ops.rms_norm_rope_triton(x, w, None, None, cos, sin, EPS, False, False, "per_element")
+        # Wan's form at W2's shape class: norm across heads, per-pair tables (measured wrong in a graph before).
+        k = ops.rms_norm_rope_triton(x, x.new_ones(4 * 64), None, None, wan_cos, wan_sin, EPS, False, True, "per_pair")
         n = ops.rms_norm_triton(x, w, EPS, False)
         a = ops.adaln_triton(h, scale[:, None], shift[:, None], EPS, "layer", True)
-        return q, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
+        return q, k, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=False)
     for seed in range(4):
         g = _gen(seed)
         args = (randn(1, 256, 4, 64, dtype=bf, g=g), randn(64, dtype=bf, g=g), randn(1, 256, 256, dtype=bf, g=g),
-                randn(1, 3 * 256, dtype=bf, g=g), *rope_tables("flux", 256, 64, torch.float32, g))  # fmt: skip
-        for name, e, c in zip(("rope", "rms_norm", "adaln", "gated"), fn(*args), compiled(*args)):
+                randn(1, 3 * 256, dtype=bf, g=g), *rope_tables("flux", 256, 64, torch.float32, g)[:2],
+                *rope_tables("wan", 256, 64, bf, g)[:2])  # fmt: skip
+        for name, e, c in zip(("rope", "wan_rope", "rms_norm", "adaln", "gated"), fn(*args), compiled(*args)):
             assert torch.equal(e, c), f"seed {seed}: {name}: {int((e != c).sum())} elements differ"
     torch._dynamo.reset()

@@ -3,17 +3,19 @@
     n   = rms_norm(x)  (per head over head_dim, or across heads over H*D), rounded to its dtype,
           optionally followed along the sequence by rms_norm(x_tail) with its own weight (FLUX's joint
           attention normalises text and image queries separately, then concatenates them);
-    out[..., 2i]   = n[2i] * cos_even[s, i] - n[2i+1] * sin_even[s, i]
-    out[..., 2i+1] = n[2i+1] * cos_odd[s, i] + n[2i] * sin_odd[s, i]
+    out[..., 2i]   = n[2i] * cos_e[s, i] - n[2i+1] * sin_e[s, i]
+    out[..., 2i+1] = n[2i+1] * cos_o[s, i] + n[2i] * sin_o[s, i]
 
-computed in fp32 and rounded once to n's dtype. FLUX's `apply_rotary_emb(use_real_unbind_dim=-1)`
-has cos_even = cos[:, 0::2], cos_odd = cos[:, 1::2] (same for sin); Wan's rotary embedding has
-cos_even = cos_odd = cos[..., 0::2] and sin_even = sin_odd = sin[..., 1::2]. The four tables are
-[S, D/2] views of any strides, so no table is materialised.
+computed in fp32 and rounded once to n's dtype. `cos` and `sin` are the model's [S, D] tables, and
+`tables` says how a pair reads them:
 
-Shapes: `x` [B, S1, H, D], `x_tail` [B, S2, H, D] or None, output [B, S1 + S2, H, D] contiguous.
-`weight` is [D] (per head) or [H * D] (`across_heads=True`), or None. The RMSNorm rounding
-follows `omni_compile::rms_norm` (`cast_before_weight`).
+- "per_element" (FLUX's `apply_rotary_emb(use_real_unbind_dim=-1)`): each output element has its own
+  column, cos_e = cos[:, 0::2], cos_o = cos[:, 1::2], sin_e = sin[:, 0::2], sin_o = sin[:, 1::2];
+- "per_pair" (Wan's rotary embedding): both elements of pair i use cos[:, 2i] and sin[:, 2i+1].
+
+Shapes: `x` [B, S1, H, D], `x_tail` [B, S2, H, D] or None, tables [S1 + S2, D] (any strides),
+output [B, S1 + S2, H, D] contiguous. `weight` is [D] (per head) or [H * D] (`across_heads=True`),
+or None. The RMSNorm rounding follows `omni_compile::rms_norm` (`cast_before_weight`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 
 from omni_compile.ops.registry import FusedOp, register_fused_op
 from omni_compile.ops.rms_norm import rms_norm_native, rms_norm_out_dtype
+
+TABLES = ("per_element", "per_pair")
 
 
 def _norm(x, weight, eps, cast_before_weight, across_heads):
@@ -36,20 +40,25 @@ def rms_norm_rope_native(
     weight: torch.Tensor | None,
     x_tail: torch.Tensor | None,
     weight_tail: torch.Tensor | None,
-    cos_even: torch.Tensor,
-    sin_even: torch.Tensor,
-    cos_odd: torch.Tensor,
-    sin_odd: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
     eps: float,
     cast_before_weight: bool,
     across_heads: bool,
+    tables: str,
 ) -> torch.Tensor:
     n = _norm(x, weight, eps, cast_before_weight, across_heads)
     if x_tail is not None:
         n = torch.cat([n, _norm(x_tail, weight_tail, eps, cast_before_weight, across_heads)], dim=1)
     ne = n[..., 0::2].to(torch.float32)
     no = n[..., 1::2].to(torch.float32)
-    ce, se, co, so = (t[None, :, None, :].to(torch.float32) for t in (cos_even, sin_even, cos_odd, sin_odd))
+    c = cos.to(torch.float32)[None, :, None, :]
+    s = sin.to(torch.float32)[None, :, None, :]
+    ce, so = c[..., 0::2], s[..., 1::2]
+    if tables == "per_pair":
+        co, se = ce, so
+    else:
+        co, se = c[..., 1::2], s[..., 0::2]
     out_even = ne * ce - no * se
     out_odd = no * co + ne * so
     return torch.stack([out_even, out_odd], dim=-1).flatten(-2).to(n.dtype)
@@ -61,25 +70,22 @@ def rms_norm_rope(
     weight: torch.Tensor | None,
     x_tail: torch.Tensor | None,
     weight_tail: torch.Tensor | None,
-    cos_even: torch.Tensor,
-    sin_even: torch.Tensor,
-    cos_odd: torch.Tensor,
-    sin_odd: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
     eps: float,
     cast_before_weight: bool,
     across_heads: bool,
+    tables: str,
 ) -> torch.Tensor:
     """RMSNorm then interleaved RoPE; see the module docstring."""
-    return rms_norm_rope_native(
-        x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads
-    )
+    return rms_norm_rope_native(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables)
 
 
 @rms_norm_rope.register_fake
-def _rms_norm_rope_fake(x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cbw, across):
+def _rms_norm_rope_fake(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables):
     b, s, h, d = x.shape
     s_total = s + (x_tail.shape[1] if x_tail is not None else 0)
-    return x.new_empty((b, s_total, h, d), dtype=rms_norm_out_dtype(x, weight, cbw))
+    return x.new_empty((b, s_total, h, d), dtype=rms_norm_out_dtype(x, weight, cast_before_weight))
 
 
 RMS_NORM_ROPE = register_fused_op(
@@ -91,13 +97,12 @@ RMS_NORM_ROPE = register_fused_op(
             "weight",
             "x_tail",
             "weight_tail",
-            "cos_even",
-            "sin_even",
-            "cos_odd",
-            "sin_odd",
+            "cos",
+            "sin",
             "eps",
             "cast_before_weight",
             "across_heads",
+            "tables",
         ),
         native=rms_norm_rope_native,
     )

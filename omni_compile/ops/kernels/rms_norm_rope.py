@@ -8,9 +8,10 @@ elements of each head (BLOCK_HALF = next power of two of D / 2, masked). With SP
 is loaded as one contiguous [BLOCK_H, 2*BLOCK_HALF] tile (vectorised) and split into the two halves
 in registers, and the output is joined back the same way; without it, the halves are loaded and
 stored through stride-2 pointers. The token picks its source by index: s < S1 reads x[b, s], else
-x_tail[b, s - S1], each with its own weight. The four cos/sin tables are read at row s with their
-own strides and dtypes (FLUX's cos[:, 0::2] and Wan's freqs[..., 0::2] views are read in place) and
-broadcast over the heads.
+x_tail[b, s - S1], each with its own weight. The [S, D] cos/sin tables are read at row s with their
+own strides and dtypes (per element: columns 2i and 2i + 1 of each; per pair: cos column 2i and sin
+column 2i + 1 for both elements of a pair) and broadcast over the heads. The op takes the whole
+tables, never strided views of them, so no input is passed twice and none needs a storage offset.
 
 Rounding (see `omni_compile.ops.rms_norm_rope`): the RMSNorm follows `omni_compile::rms_norm` and is
 rounded to its output dtype n; the rotation is computed in fp32 from n and the tables and rounded
@@ -38,6 +39,7 @@ from omni_compile.ops.kernels._common import (
 )
 from omni_compile.ops.registry import Kernel, register_kernel
 from omni_compile.ops.rms_norm import rms_norm_out_dtype
+from omni_compile.ops.rms_norm_rope import TABLES
 
 
 @triton.jit
@@ -119,10 +121,8 @@ def _rms_norm_rope_kernel(
     w_ptr,
     xt_ptr,
     wt_ptr,
-    ce_ptr,
-    se_ptr,
-    co_ptr,
-    so_ptr,
+    c_ptr,
+    s_ptr,
     out_ptr,
     S1,
     S_total,
@@ -134,19 +134,16 @@ def _rms_norm_rope_kernel(
     sxt_b,
     sxt_s,
     sxt_h,
-    sce,
-    sse,
-    sco,
-    sso,
+    sc,
+    ss,
     eps,
     SXD: tl.constexpr,
     SXTD: tl.constexpr,
     SW: tl.constexpr,
     SWT: tl.constexpr,
-    SCED: tl.constexpr,
-    SSED: tl.constexpr,
-    SCOD: tl.constexpr,
-    SSOD: tl.constexpr,
+    SCD: tl.constexpr,
+    SSD: tl.constexpr,
+    PER_PAIR: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_WT: tl.constexpr,
@@ -184,10 +181,18 @@ def _rms_norm_rope_kernel(
     half = tl.arange(0, BLOCK_HALF)
     hm = half < D // 2
     s64 = s.to(tl.int64)
-    ce = tl.load(ce_ptr + (s64 * sce + half * SCED), mask=hm, other=0.0).to(tl.float32)[None, :]
-    se = tl.load(se_ptr + (s64 * sse + half * SSED), mask=hm, other=0.0).to(tl.float32)[None, :]
-    co = tl.load(co_ptr + (s64 * sco + half * SCOD), mask=hm, other=0.0).to(tl.float32)[None, :]
-    so = tl.load(so_ptr + (s64 * sso + half * SSOD), mask=hm, other=0.0).to(tl.float32)[None, :]
+    # Row s of the [S, D] tables: per element (FLUX), each output element has its own cos/sin column;
+    # per pair (Wan), both elements of pair i use cos[2i] and sin[2i + 1].
+    c_row = c_ptr + s64 * sc
+    s_row = s_ptr + s64 * ss
+    ce = tl.load(c_row + (2 * half) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
+    so = tl.load(s_row + (2 * half + 1) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
+    if PER_PAIR:
+        co = ce
+        se = so
+    else:
+        co = tl.load(c_row + (2 * half + 1) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
+        se = tl.load(s_row + (2 * half) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
     out_e = cast_to(ne * ce - no * se, n_dtype, EMULATE_RTNE)
     out_o = cast_to(no * co + ne * so, n_dtype, EMULATE_RTNE)
     out_base = out_ptr + tok.to(tl.int64) * H * D + heads.to(tl.int64)[:, None] * D
@@ -201,15 +206,11 @@ def _rms_norm_rope_kernel(
         tl.store(out_base + (2 * half + 1)[None, :], out_o, mask=mask)
 
 
-_ARGS = ("cos_even", "sin_even", "cos_odd", "sin_odd")
-
-
-def supports(
-    x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads
-) -> str | None:
+def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables) -> str | None:
     """None when the kernel handles these inputs (real or fake tensors), else the reason it does not."""
-    tables = dict(zip(_ARGS, (cos_even, sin_even, cos_odd, sin_odd)))
-    named = {"x": x, "weight": weight, "x_tail": x_tail, "weight_tail": weight_tail, **tables}
+    if tables not in TABLES:
+        return f"tables={tables!r}; the kernel reads 'per_element' or 'per_pair' tables"
+    named = {"x": x, "weight": weight, "x_tail": x_tail, "weight_tail": weight_tail, "cos": cos, "sin": sin}
     reason = first(
         *(dtype_reason(name, t) for name, t in named.items()),
         *(device_reason(name, t, x) for name, t in named.items() if name != "x"),
@@ -243,9 +244,9 @@ def supports(
     for name, w in (("weight", weight), ("weight_tail", weight_tail)):
         if w is not None and tuple(w.shape) != w_shape:
             return f"{name} has shape {tuple(w.shape)}, expected {w_shape}"
-    for name, t in tables.items():
-        if tuple(t.shape) != (S, D // 2):
-            return f"{name} has shape {tuple(t.shape)}, expected ({S}, {D // 2})"
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != (S, D):
+            return f"{name} has shape {tuple(t.shape)}, expected ({S}, {D})"
     return None
 
 
@@ -268,8 +269,7 @@ def _tiling(H: int, D: int, across: bool) -> tuple[int, int, int]:
 
 
 def _launch(
-    x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads, out,
-    config=None,
+    x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out, config=None,
 ):  # fmt: skip
     """Launch the kernel writing `out` (contiguous [B, S1 + S2, H, D] of n's dtype).
 
@@ -291,10 +291,8 @@ def _launch(
         w,
         xt,
         wt,
-        cos_even,
-        sin_even,
-        cos_odd,
-        sin_odd,
+        cos,
+        sin,
         out,
         S1,
         s_total,
@@ -306,19 +304,16 @@ def _launch(
         xt.stride(0),
         xt.stride(1),
         xt.stride(2),
-        cos_even.stride(0),
-        sin_even.stride(0),
-        cos_odd.stride(0),
-        sin_odd.stride(0),
+        cos.stride(0),
+        sin.stride(0),
         eps,
         SXD=x.stride(3),
         SXTD=xt.stride(3),
         SW=1 if weight is None else weight.stride(0),
         SWT=1 if weight_tail is None else weight_tail.stride(0),
-        SCED=cos_even.stride(1),
-        SSED=sin_even.stride(1),
-        SCOD=cos_odd.stride(1),
-        SSOD=sin_odd.stride(1),
+        SCD=cos.stride(1),
+        SSD=sin.stride(1),
+        PER_PAIR=tables == "per_pair",
         HAS_TAIL=x_tail is not None,
         HAS_W=weight is not None,
         HAS_WT=weight_tail is not None,
@@ -338,22 +333,18 @@ def _rms_norm_rope_impl(
     weight: torch.Tensor | None,
     x_tail: torch.Tensor | None,
     weight_tail: torch.Tensor | None,
-    cos_even: torch.Tensor,
-    sin_even: torch.Tensor,
-    cos_odd: torch.Tensor,
-    sin_odd: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
     eps: float,
     cast_before_weight: bool,
     across_heads: bool,
+    tables: str,
 ) -> torch.Tensor:
     """`omni_compile::rms_norm_rope` as one Triton kernel."""
     B, S1, H, D = x.shape
     s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
     out = torch.empty((B, s_total, H, D), dtype=rms_norm_out_dtype(x, weight, cast_before_weight), device=x.device)
-    return _launch(
-        x, weight, x_tail, weight_tail, cos_even, sin_even, cos_odd, sin_odd, eps, cast_before_weight, across_heads,
-        out,
-    )  # fmt: skip
+    return _launch(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out)
 
 
 # The triton_op runs the kernel eagerly and under torch.compile from the start of a graph; the lowering
