@@ -126,3 +126,20 @@ def test_auto_selection_skips_kernels_not_yet_verified():
         assert res.implementation == "native", res
         assert f"opt-in until verified end to end (kernels {op.name}=triton)" in res.reason
         assert op.resolve(gpu, None, "triton").implementation == "triton"
+
+
+def test_user_errors_are_found_behind_torch_wrappers():
+    """A pass raising inside Inductor surfaces wrapped (InductorError, BackendCompilerFailed); the CLI
+    finds our error behind the wrapper and prints it as one line."""
+    from omni_compile.errors import find_user_error
+    from omni_compile.ops import KernelUnavailableError
+
+    ours = KernelUnavailableError("the triton kernel for adaln was requested but cannot be used: x")
+    try:
+        try:
+            raise ours
+        except KernelUnavailableError as e:
+            raise RuntimeError("backend compiler failed") from e
+    except RuntimeError as wrapped:
+        assert find_user_error(wrapped) is ours
+    assert find_user_error(RuntimeError("a bug")) is None
