@@ -35,10 +35,54 @@ logger = logging.getLogger(__name__)
 
 
 def functional_trace(fn, args):
-    """make_fx under functionalization: Triton launches become `triton_kernel_wrapper_functional`."""
+    """Trace a kernel launcher into the functional form Inductor embeds.
+
+    `make_fx` records each `wrap_triton(kernel)[grid](...)` launch as a `triton_kernel_wrapper_mutation`
+    node writing into buffers the launcher allocated. Each becomes a `triton_kernel_wrapper_functional`
+    whose `tensors_to_clone` are exactly those fresh buffers (the launchers write nothing else), and
+    later uses read the buffers from its result. Inductor's re-inplacing drops the clones of the fresh
+    buffers, then lowers the launches like user-defined Triton kernels. Tracing runs in the fake mode of
+    the example values, and needs no GPU: Triton's own mutation analysis is not used.
+    """
+    import operator
+
+    from torch._guards import detect_fake_mode
+    from torch._higher_order_ops.triton_kernel_wrap import (
+        triton_kernel_wrapper_functional,
+        triton_kernel_wrapper_mutation,
+    )
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"), tracing_mode="real")(*args)
+    with detect_fake_mode(args) or contextlib.nullcontext():
+        gm = make_fx(fn, tracing_mode="real")(*args)
+    graph = gm.graph
+    fresh = {torch.ops.aten.empty.memory_format, torch.ops.aten.new_empty.default, torch.ops.aten.empty_strided.default}
+    for node in list(graph.nodes):
+        if node.target is not triton_kernel_wrapper_mutation:
+            continue
+        params = node.kwargs["kwargs"]
+        outs = [k for k, v in params.items() if isinstance(v, torch.fx.Node) and v.target in fresh]
+        if not outs:
+            raise RuntimeError(f"kernel launch writes no buffer the launcher allocated: {node.format_node()}")
+        with graph.inserting_after(node):
+            functional = graph.call_function(
+                triton_kernel_wrapper_functional, kwargs={**node.kwargs, "tensors_to_clone": outs}
+            )
+        functional.meta["val"] = {k: params[k].meta["val"] for k in outs}
+        last = functional
+        for k in outs:
+            buffer = params[k]
+            with graph.inserting_after(last):
+                result = graph.call_function(operator.getitem, (functional, k))
+            result.meta["val"] = buffer.meta["val"]
+            last = result
+            later = [u for u in buffer.users if u is not node and u is not functional and u not in (result,)]
+            for user in later:
+                user.replace_input_with(buffer, result)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return gm
 
 
 def inline_native(node: torch.fx.Node, op: FusedOp) -> None:

@@ -158,7 +158,9 @@ def _adaln_impl(
     round_norm: bool,
 ) -> torch.Tensor:
     """`omni_compile::adaln` as one Triton kernel."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
+    # (a bare torch.empty there would allocate a real tensor).
+    out = x.new_empty(x.shape)
     return _launch(x, scale, shift, eps, norm, round_norm, out)
 
 

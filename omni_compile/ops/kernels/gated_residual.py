@@ -127,7 +127,9 @@ def _launch(x, y, gate, out, config=None):
 
 def _gated_residual_impl(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """`omni_compile::gated_residual` as one Triton kernel."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
+    # (a bare torch.empty there would allocate a real tensor).
+    out = x.new_empty(x.shape)
     return _launch(x, y, gate, out)
 
 

@@ -135,7 +135,9 @@ def _launch(x, weight, eps, cast_before_weight, out, config=None):
 
 def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cast_before_weight: bool) -> torch.Tensor:
     """`omni_compile::rms_norm` as one Triton kernel."""
-    out = torch.empty(x.shape, dtype=rms_norm_out_dtype(x, weight, cast_before_weight), device=x.device)
+    # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
+    # (a bare torch.empty there would allocate a real tensor).
+    out = x.new_empty(x.shape, dtype=rms_norm_out_dtype(x, weight, cast_before_weight))
     return _launch(x, weight, eps, cast_before_weight, out)
 
 

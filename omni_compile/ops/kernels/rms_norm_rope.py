@@ -343,7 +343,9 @@ def _rms_norm_rope_impl(
     """`omni_compile::rms_norm_rope` as one Triton kernel."""
     B, S1, H, D = x.shape
     s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
-    out = torch.empty((B, s_total, H, D), dtype=rms_norm_out_dtype(x, weight, cast_before_weight), device=x.device)
+    # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
+    # (a bare torch.empty there would allocate a real tensor).
+    out = x.new_empty((B, s_total, H, D), dtype=rms_norm_out_dtype(x, weight, cast_before_weight))
     return _launch(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out)
 
 
