@@ -190,9 +190,17 @@ def _cmd_models(console) -> int:
 def _cmd_passes(console) -> int:
     from omni_compile.passes import PASS_ORDER
 
+    from omni_compile.ops import FUSED_OPS
+
     for cls in PASS_ORDER:
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         console.print(f"{cls.name:<18} {'on ' if cls.enabled_by_default else 'off'}  {doc}")
+    console.print("\nfused ops (--kernels OP=auto|native|KERNEL):")
+    for name, op in FUSED_OPS.items():
+        kernels = ", ".join(
+            f"{k.name} on {'/'.join(k.platforms)}" + ("" if k.auto else " (opt-in)") for k in op.kernels.values()
+        )
+        console.print(f"{name:<18} native everywhere; {kernels or 'no kernels'}")
     return 0
 
 

@@ -64,6 +64,8 @@ def test_models_and_passes_lists(subprocess_env):
     assert proc.returncode == 0 and all(n in proc.stdout for n in ("flux-dev", "flux-tiny", "wan-1.3b", "wan-tiny"))
     proc = cli("passes", env=subprocess_env)
     assert proc.returncode == 0 and "rms_norm" in proc.stdout and "lower_fused_ops" in proc.stdout
+    assert "qk_norm_rope       off" in proc.stdout and "adaln              on" in proc.stdout
+    assert "rms_norm_rope      native everywhere; triton on cuda/rocm (opt-in)" in proc.stdout
 
 
 @pytest.mark.compile
