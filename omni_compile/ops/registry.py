@@ -67,7 +67,7 @@ class Kernel:
             return None
         if platform.kind == "cpu" and self.interpretable and explicit and os.environ.get("TRITON_INTERPRET") == "1":
             return None
-        hint = " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if platform.kind == "cpu" else ""
+        hint = " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if platform.kind == "cpu" and explicit else ""
         return f"the {self.name} kernel runs on {'/'.join(self.platforms)}, not on {platform.kind}{hint}"
 
 
