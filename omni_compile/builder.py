@@ -10,13 +10,13 @@ temporary name and renamed into place: a failed build never leaves a partial out
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 import json
 import logging
 import shutil
 import socket
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +30,9 @@ from omni_compile.config import CompileConfig, ShapeBucket, dtype_name, parse_dt
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs.regions import count_parameters
 from omni_compile.models import resolve_model
-from omni_compile.passes import enabled_passes
+from omni_compile.passes import PassManager
+from omni_compile.passes.lower_fused_ops import record_resolution
+from omni_compile.platform import current_platform
 
 logger = logging.getLogger("omni_compile.builder")
 
@@ -86,7 +88,6 @@ def _sync(device: str) -> None:
 def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
     events = events or BuildEvents()
     t_start = time.perf_counter()
-    enabled_passes(opts.compile)  # validate pass switches before any slow work
     spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
     dtype = parse_dtype(opts.dtype or spec.default_dtype)
     device = _resolve_device(opts.device, spec.default_device)
@@ -96,10 +97,8 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     buckets = ShapeBucket.parse_list(shapes)
     for bucket in buckets:
         spec.adapter.check_bucket(bucket)
-    # Kernels asked for by name must be able to run on this platform; say so before any slow work.
-    from omni_compile.passes import PassManager
-    from omni_compile.platform import current_platform
-
+    # Pass switches, pass options and kernel choices (a kernel asked for by name must be able to run on
+    # this platform) are checked before any slow work.
     PassManager(opts.compile, current_platform(device))
     out = Path(opts.out) if opts.out else None
     if out is not None:
@@ -222,15 +221,7 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
     resolutions: dict[str, dict] = {}
     for rec in records:
         for op, res in rec.resolutions.items():
-            seen = resolutions.get(op)
-            if seen is None:
-                resolutions[op] = dict(res)
-            elif seen["implementation"] == res["implementation"]:
-                seen["count"] += res["count"]
-            else:
-                seen["implementation"] = "mixed"
-                seen["reason"] = f"{seen['reason']} | {res['implementation']}: {res['reason']}"
-                seen["count"] += res["count"]
+            record_resolution(resolutions, op, res["implementation"], res["reason"], res["count"])
     config_json = json.dumps(spec.config, sort_keys=True, default=str)
     return {
         "schema": "omni-compile/build-report/1",

@@ -98,12 +98,10 @@ def _cmd_build(args, console) -> int:
 
     config = CompileConfig.from_dict(_json_arg(args.config, "--config") or {})
     config.passes = [*config.passes, *args.passes]
-    for item in (i.strip() for raw in args.kernels for i in raw.split(",")):
-        if item:
-            if "=" not in item:
-                raise ConfigError(f"--kernels {item!r} must look like OP=IMPL, e.g. rms_norm=triton or *=native")
-            op, impl = (t.strip() for t in item.split("=", 1))
-            config.kernels = {**config.kernels, op: impl}
+    if args.kernels:
+        from omni_compile.ops.registry import parse_kernel_items
+
+        config.kernels = {**config.kernels, **parse_kernel_items(",".join(args.kernels))}
     if args.dump_graphs:
         config.dump_dir = args.dump_graphs
     if args.text_len is not None and args.text_len <= 0:
@@ -188,9 +186,8 @@ def _cmd_models(console) -> int:
 
 
 def _cmd_passes(console) -> int:
-    from omni_compile.passes import PASS_ORDER
-
     from omni_compile.ops import FUSED_OPS
+    from omni_compile.passes import PASS_ORDER
 
     for cls in PASS_ORDER:
         doc = (cls.__doc__ or "").strip().splitlines()[0]

@@ -7,9 +7,9 @@ implementation serves this platform and these inputs (`FusedOp.resolve`, honouri
 - native: the call is replaced by the traced body of the native implementation, so Inductor fuses
   it with its neighbours exactly as it would the original chain (an opaque call would run eager
   torch, several kernels, inside compiled code);
-- a Triton kernel on a GPU: the call is replaced by the kernel's launcher traced under
-  functionalization, which yields `triton_kernel_wrapper_functional` nodes; Inductor embeds those
-  kernels in its generated code like its own (no Python dispatch in the hot path);
+- a Triton kernel on a GPU: the call is replaced by the kernel's launcher traced with make_fx, each
+  launch turned into a `triton_kernel_wrapper_functional` node (`functional_trace`); Inductor embeds
+  those kernels in its generated code like its own (no Python dispatch in the hot path);
 - a Triton kernel on CPU (only under TRITON_INTERPRET=1, for tests): the call is redirected to the
   kernel's `triton_op`, which Inductor runs as an external call.
 
@@ -24,14 +24,21 @@ import hashlib
 import logging
 
 import torch
-from torch._inductor.pattern_matcher import CallFunction, KeywordArg, Match, PatternMatcherPass, register_graph_pattern
-
-from omni_compile.ops import FUSED_OPS, NATIVE, FusedOp, Kernel, Resolution
-from omni_compile.ops.registry import KernelUnavailableError
 from omni_compile.passes.base import OmniPass
+
+from omni_compile.ops import FUSED_OPS, NATIVE, FusedOp, Kernel
 from omni_compile.platform import Platform
 
 logger = logging.getLogger(__name__)
+
+
+def fake_trace(fn, args):
+    """make_fx of `fn` in the fake mode of the example values (Inductor's, inside its passes)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with detect_fake_mode(args) or contextlib.nullcontext():
+        return make_fx(fn, tracing_mode="real")(*args)
 
 
 def functional_trace(fn, args):
@@ -46,15 +53,12 @@ def functional_trace(fn, args):
     """
     import operator
 
-    from torch._guards import detect_fake_mode
     from torch._higher_order_ops.triton_kernel_wrap import (
         triton_kernel_wrapper_functional,
         triton_kernel_wrapper_mutation,
     )
-    from torch.fx.experimental.proxy_tensor import make_fx
 
-    with detect_fake_mode(args) or contextlib.nullcontext():
-        gm = make_fx(fn, tracing_mode="real")(*args)
+    gm = fake_trace(fn, args)
     graph = gm.graph
     fresh = {torch.ops.aten.empty.memory_format, torch.ops.aten.new_empty.default, torch.ops.aten.empty_strided.default}
     for node in list(graph.nodes):
@@ -85,28 +89,40 @@ def functional_trace(fn, args):
     return gm
 
 
-def inline_native(node: torch.fx.Node, op: FusedOp) -> None:
-    """Replace one fused-op call by the traced body of its native implementation, in place."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
+def splice(node: torch.fx.Node, op: FusedOp, impl, trace=fake_trace) -> None:
+    """Replace the fused-op call `node` by the traced body of `impl` (same arguments as the op), in place."""
     bound = dict(zip(op.arg_names, node.args))
     bound.update(node.kwargs)
     tensors = [n for n in op.arg_names if isinstance(bound.get(n), torch.fx.Node)]
     constants = {n: bound.get(n) for n in op.arg_names if n not in tensors}
-    vals = [bound[n].meta["val"] for n in tensors]
 
-    def native(*values):
-        return op.native(**dict(zip(tensors, values)), **constants)
+    def body(*values):
+        return impl(**dict(zip(tensors, values)), **constants)
 
-    with detect_fake_mode(vals) or contextlib.nullcontext():
-        body = make_fx(native)(*vals)
+    traced = trace(body, [bound[n].meta["val"] for n in tensors])
     graph = node.graph
-    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     with graph.inserting_before(node):
-        out = graph.graph_copy(body.graph, {ph: bound[name] for ph, name in zip(placeholders, tensors)})
+        out = graph.graph_copy(traced.graph, {ph: bound[name] for ph, name in zip(placeholders, tensors)})
     node.replace_all_uses_with(out)
     graph.erase_node(node)
+
+
+def inline_native(node: torch.fx.Node, op: FusedOp) -> None:
+    """Replace one fused-op call by the traced body of its native implementation, in place."""
+    splice(node, op, op.native)
+
+
+def record_resolution(table: dict[str, dict], op: str, implementation: str, reason: str, count: int = 1) -> None:
+    """Add `count` calls of `op` resolved to `implementation` to a report table (op -> implementation,
+    reason, count); calls of one op resolved differently make it "mixed" with every reason kept."""
+    entry = table.setdefault(op, {"implementation": None, "reason": None, "count": 0})
+    if entry["implementation"] not in (None, implementation):
+        entry["implementation"] = "mixed"
+        entry["reason"] = f"{entry['reason']} | {implementation}: {reason}"
+    else:
+        entry["implementation"], entry["reason"] = implementation, reason
+    entry["count"] += count
 
 
 class LowerFusedOpsPass(OmniPass):
@@ -125,66 +141,35 @@ class LowerFusedOpsPass(OmniPass):
                 if choice not in ("auto", NATIVE):
                     FUSED_OPS[name].resolve(platform, None, choice)
         self.resolutions: dict[str, dict] = {}
-        self._patterns: PatternMatcherPass | None = None
 
     def apply(self, graph: torch.fx.Graph) -> int:
         assert self.platform is not None, "LowerFusedOpsPass needs its platform before it runs"
-        if self._patterns is None:
-            self._patterns = PatternMatcherPass(pass_name="omni_compile.lower_fused_ops")
-            for op in FUSED_OPS.values():
-                self._register(op)
-        return self._patterns.apply(graph)
-
-    def _record(self, resolution: Resolution, form: str) -> None:
-        entry = self.resolutions.setdefault(resolution.op, {"implementation": None, "reason": None, "count": 0})
-        implementation = f"{resolution.implementation} ({form})" if form else resolution.implementation
-        if entry["implementation"] not in (None, implementation):
-            entry["implementation"] = "mixed"
-            entry["reason"] = f"{entry['reason']} | {implementation}: {resolution.reason}"
-        else:
-            entry["implementation"], entry["reason"] = implementation, resolution.reason
-        entry["count"] += 1
-
-    def _register(self, op: FusedOp) -> None:
-        pattern = CallFunction(op.overload, *[KeywordArg(name) for name in op.arg_names])
-
-        def lower(match: Match, **bound) -> None:
+        ops = {op.overload: op for op in FUSED_OPS.values()}
+        calls = [n for n in graph.nodes if n.op == "call_function" and n.target in ops]
+        for node in calls:
+            op = ops[node.target]
+            bound = dict(zip(op.arg_names, node.args))
+            bound.update(node.kwargs)
             meta = {n: (v.meta["val"] if isinstance(v, torch.fx.Node) else v) for n, v in bound.items()}
-            choice = self.choices.get(op.name, "auto")
-            resolution = op.resolve(self.platform, meta, choice)
-            tensors = [n for n in op.arg_names if isinstance(bound[n], torch.fx.Node)]
-            constants = {n: v for n, v in bound.items() if n not in tensors}
-            args = [bound[n] for n in tensors]
+            resolution = op.resolve(self.platform, meta, self.choices.get(op.name, "auto"))
             if resolution.implementation == NATIVE:
-                self._record(resolution, "")
+                splice(node, op, op.native)
+                implementation = NATIVE
+            else:
+                form = self._lower_kernel(node, op, op.kernels[resolution.implementation])
+                implementation = f"{resolution.implementation} ({form})"
+            record_resolution(self.resolutions, op.name, implementation, resolution.reason)
+        return len(calls)
 
-                def native(*values):
-                    return op.native(**dict(zip(tensors, values)), **constants)
-
-                match.replace_by_example(native, args)
-                return
-            kernel = op.kernels[resolution.implementation]
-            form = self._lower_kernel(match, op, kernel, tensors, constants, args)
-            self._record(resolution, form)
-
-        register_graph_pattern(pattern, pass_dict=self._patterns)(lower)
-
-    def _lower_kernel(self, match: Match, op: FusedOp, kernel: Kernel, tensors, constants, args) -> str:
+    def _lower_kernel(self, node: torch.fx.Node, op: FusedOp, kernel: Kernel) -> str:
         if self.platform.kind != "cpu" and kernel.launcher is not None:
-
-            def launch(*values):
-                return kernel.launcher(**dict(zip(tensors, values)), **constants)
-
             try:
-                match.replace_by_example(launch, args, trace_fn=functional_trace)
+                splice(node, op, kernel.launcher, trace=functional_trace)
                 return "embedded"
-            except KernelUnavailableError:
-                raise
             except Exception as e:  # keep the kernel, called through its op, and say why
                 logger.warning(
                     "could not embed the %s kernel of %s (%s); calling its op instead", kernel.name, op.name, e
                 )
-        node = match.output_node()
         node.target = kernel.overload
         return "external call"
 

@@ -21,11 +21,11 @@ import operator
 
 import torch
 from diffusers.models.embeddings import apply_rotary_emb
+from omni_compile.passes.base import PatternPass
+from omni_compile.passes.rms_norm import RMSNormPass
 from torch._inductor.pattern_matcher import CallFunction, Ignored, KeywordArg, Match
 
 from omni_compile.ops import rms_norm_rope as _ops  # noqa: F401  (registers omni_compile::rms_norm_rope)
-from omni_compile.passes.base import PatternPass
-from omni_compile.passes.rms_norm import RMSNormPass
 
 aten = torch.ops.aten
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -110,7 +110,9 @@ class QKNormRopePass(PatternPass):
     enabled_by_default = False
 
     def register_patterns(self) -> None:
-        self._norms = RMSNormPass()
+        from omni_compile.passes.manager import _pattern_pass
+
+        self._norms = _pattern_pass(RMSNormPass, "{}")  # the instance the manager uses: patterns traced once
         self._extra_sources.append(self._norms.uuid())
         # Dtype literals and the bool argument are ignored when patterns are compared, so the bf16 and
         # fp16 chains are one registration; the checks pin what the traced chain means. Only the torch
@@ -165,8 +167,9 @@ class QKNormRopePass(PatternPass):
         # The patterns start from `omni_compile::rms_norm`: make sure the norms are ops, whether or not the
         # rms_norm pass is on, and put back (as native code) the ones made here that did not fuse, so
         # turning rms_norm off still leaves no rms_norm op behind.
-        from omni_compile.ops import FUSED_OPS
         from omni_compile.passes.lower_fused_ops import inline_native
+
+        from omni_compile.ops import FUSED_OPS
 
         rms_norm = torch.ops.omni_compile.rms_norm.default
         before = {n for n in graph.nodes if n.target == rms_norm}

@@ -67,7 +67,9 @@ class Kernel:
             return None
         if platform.kind == "cpu" and self.interpretable and explicit and os.environ.get("TRITON_INTERPRET") == "1":
             return None
-        hint = " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if platform.kind == "cpu" and explicit else ""
+        hint = (
+            " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if platform.kind == "cpu" and explicit else ""
+        )
         return f"the {self.name} kernel runs on {'/'.join(self.platforms)}, not on {platform.kind}{hint}"
 
 
@@ -132,6 +134,21 @@ def register_kernel(op_name: str, kernel: Kernel) -> Kernel:
     return kernel
 
 
+def parse_kernel_items(text: str) -> dict[str, str]:
+    """'rms_norm=triton, *=native' (the OMNI_COMPILE_KERNELS / --kernels syntax) -> {op: impl}."""
+    from omni_compile.errors import ConfigError
+
+    items = {}
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        if "=" not in item:
+            raise ConfigError(f"kernel choice {item!r} must look like OP=IMPL, e.g. rms_norm=triton or *=native")
+        op, impl = (t.strip() for t in item.split("=", 1))
+        items[op] = impl
+    return items
+
+
 def parse_kernel_choices(choices: dict[str, str] | None, override: str | None = None) -> dict[str, str]:
     """Validate per-op implementation choices ('op' or '*' -> 'auto' | 'native' | kernel name).
 
@@ -140,14 +157,7 @@ def parse_kernel_choices(choices: dict[str, str] | None, override: str | None = 
     """
     from omni_compile.errors import ConfigError
 
-    merged = dict(choices or {})
-    for item in (s.strip() for s in (override or "").split(",")):
-        if not item:
-            continue
-        if "=" not in item:
-            raise ConfigError(f"kernel choice {item!r} must look like OP=IMPL, e.g. rms_norm=triton or *=native")
-        op, impl = (t.strip() for t in item.split("=", 1))
-        merged[op] = impl
+    merged = {**(choices or {}), **parse_kernel_items(override or "")}
     resolved = {name: AUTO for name in FUSED_OPS}
     if "*" in merged:
         impl = merged.pop("*")
