@@ -33,12 +33,14 @@ logger = logging.getLogger(__name__)
 
 
 def fake_trace(fn, args):
-    """make_fx of `fn` in the fake mode of the example values (Inductor's, inside its passes)."""
+    """make_fx of `fn` with Inductor's decompositions (what its post-grad graphs hold, e.g. no aten.stack),
+    in the fake mode of the example values (Inductor's, inside its passes)."""
     from torch._guards import detect_fake_mode
+    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with detect_fake_mode(args) or contextlib.nullcontext():
-        return make_fx(fn, tracing_mode="real")(*args)
+        return make_fx(fn, select_decomp_table(), tracing_mode="real")(*args)
 
 
 def functional_trace(fn, args):
