@@ -195,7 +195,8 @@ def _cmd_passes(console) -> int:
     console.print("\nfused ops (--kernels OP=auto|native|KERNEL):")
     for name, op in FUSED_OPS.items():
         kernels = ", ".join(
-            f"{k.name} on {'/'.join(k.platforms)}" + ("" if k.auto else " (opt-in)") for k in op.kernels.values()
+            f"{k.name} on {'/'.join(k.platforms)}" + (f" (auto on {'/'.join(k.auto_on)})" if k.auto_on else " (opt-in)")
+            for k in op.kernels.values()
         )
         console.print(f"{name:<18} native everywhere; {kernels or 'no kernels'}")
     return 0

@@ -64,7 +64,7 @@ class GatedResidualPass(PatternPass):
 
     name = "gated_residual"
     # Off by default: on the H200 its kernel only ties Inductor's (0.98x on W1, 1.00x on W2; see
-    # docs/passes.md), which also fuses the residual add into the following norm.
+    # docs/passes.md), and Inductor fuses the unfused add into the next norm; end to end on W1 it cost 1.5%.
     enabled_by_default = False
 
     def register_patterns(self) -> None:

@@ -64,8 +64,9 @@ def test_models_and_passes_lists(subprocess_env):
     assert proc.returncode == 0 and all(n in proc.stdout for n in ("flux-dev", "flux-tiny", "wan-1.3b", "wan-tiny"))
     proc = cli("passes", env=subprocess_env)
     assert proc.returncode == 0 and "rms_norm" in proc.stdout and "lower_fused_ops" in proc.stdout
-    assert "qk_norm_rope       off" in proc.stdout and "adaln              on" in proc.stdout
-    assert "rms_norm_rope      native everywhere; triton on cuda/rocm (opt-in)" in proc.stdout
+    assert "qk_norm_rope       on" in proc.stdout and "gated_residual     off" in proc.stdout
+    assert "rms_norm_rope      native everywhere; triton on cuda/rocm (auto on cuda)" in proc.stdout
+    assert "gated_residual     native everywhere; triton on cuda/rocm (opt-in)" in proc.stdout
 
 
 @pytest.mark.compile
@@ -77,13 +78,14 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
     assert "compiled FluxTransformerBlock" in proc.stderr and "wrote" in proc.stderr  # progress and summary
     report = json.loads((cold_out / "build_report.json").read_text())
     assert report["totals"]["region_compiles"] == 2 and report["totals"]["cache_hits"] == 0
-    matches = {"rms_norm": 6, "adaln": 5, "lower_fused_ops": 11}  # default passes (docs/passes.md)
+    # Default passes (docs/passes.md): qk_norm_rope takes the 6 q/k norms into its 4 rms_norm_rope calls.
+    matches = {"rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "lower_fused_ops": 9}
     assert report["passes"]["matches"] == matches
     assert [r["name"] for r in report["regions"]] == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
     assert report["buckets"][0]["output_finite"] and report["buckets"][0]["output_shape"] == [1, 16, 16]
     implementations = report["fused_op_implementations"]
-    assert {op: r["implementation"] for op, r in implementations.items()} == {"rms_norm": "native", "adaln": "native"}
-    assert {op: r["count"] for op, r in implementations.items()} == {"rms_norm": 6, "adaln": 5}
+    assert {op: r["implementation"] for op, r in implementations.items()} == {"rms_norm_rope": "native", "adaln": "native"}
+    assert {op: r["count"] for op, r in implementations.items()} == {"rms_norm_rope": 4, "adaln": 5}
     assert "not on cpu" in implementations["adaln"]["reason"]
     assert (cold_out / "inductor_cache.bin").stat().st_size == report["cache_bundle"]["bytes"] > 0
     assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []

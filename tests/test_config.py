@@ -57,9 +57,9 @@ def test_compile_config_hash_covers_codegen_fields_only():
 
 def test_pass_switches():
     everything = ["rms_norm", "qk_norm_rope", "adaln", "gated_residual", "lower_fused_ops"]
-    assert resolve_enabled([]) == ["rms_norm", "adaln", "lower_fused_ops"]
-    assert resolve_enabled(["-rms_norm"]) == ["adaln", "lower_fused_ops"]
-    assert resolve_enabled(["+gated_residual"]) == ["rms_norm", "adaln", "gated_residual", "lower_fused_ops"]
+    assert resolve_enabled([]) == ["rms_norm", "qk_norm_rope", "adaln", "lower_fused_ops"]
+    assert resolve_enabled(["-rms_norm"]) == ["qk_norm_rope", "adaln", "lower_fused_ops"]
+    assert resolve_enabled(["+gated_residual"]) == everything
     assert resolve_enabled(["none", "+rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["none,rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["-rms_norm", "all"]) == everything
@@ -74,7 +74,7 @@ def test_env_switch_applies_on_top(monkeypatch):
     from omni_compile.platform import current_platform
 
     monkeypatch.setenv("OMNI_COMPILE_PASSES", "-rms_norm")
-    assert PassManager(CompileConfig(), current_platform("cpu")).enabled == ["adaln", "lower_fused_ops"]
+    assert PassManager(CompileConfig(), current_platform("cpu")).enabled == ["qk_norm_rope", "adaln", "lower_fused_ops"]
 
 
 def test_kernel_choices(monkeypatch):
@@ -116,16 +116,29 @@ def test_kernels_config_changes_hash_and_env_applies(monkeypatch):
         PassManager(CompileConfig(), cpu)
 
 
-def test_auto_selection_skips_kernels_not_yet_verified():
+def test_auto_selection_picks_only_kernels_verified_on_the_platform():
+    """auto picks a kernel only on the platforms where it was verified faster end to end (CUDA, for all but
+    gated_residual); elsewhere it is opt-in, and asked for by name it is used."""
     from omni_compile.ops.registry import FUSED_OPS
     from omni_compile.platform import Platform
 
-    gpu = Platform("cuda", "NVIDIA H200", (9, 0), "2.11.0", "3.6.0", "13.0", None)
+    cuda = Platform("cuda", "NVIDIA H200", (9, 0), "2.11.0", "3.6.0", "13.0", None)
+    rocm = Platform("rocm", "AMD Instinct MI300X", (9, 4), "2.11.0", "3.6.0", None, "6.4")
+    auto_on_cuda = {"rms_norm", "adaln", "rms_norm_rope"}
+    assert auto_on_cuda < set(FUSED_OPS)
     for op in FUSED_OPS.values():
-        res = op.resolve(gpu, None, "auto")
+        res = op.resolve(cuda, None, "auto")
+        if op.name in auto_on_cuda:
+            assert (res.implementation, res.reason) == ("triton", "triton kernel for cuda"), res
+        else:
+            assert res.implementation == "native", res
+            assert "opt-in on cuda (it ties Inductor's code" in res.reason
+            assert f"use kernels {op.name}=triton)" in res.reason
+        res = op.resolve(rocm, None, "auto")
         assert res.implementation == "native", res
-        assert f"opt-in until verified end to end (kernels {op.name}=triton)" in res.reason
-        assert op.resolve(gpu, None, "triton").implementation == "triton"
+        assert "opt-in on rocm (" in res.reason and f"use kernels {op.name}=triton)" in res.reason
+        assert op.resolve(cuda, None, "triton").implementation == "triton"
+        assert op.resolve(rocm, None, "triton").implementation == "triton"
 
 
 def test_user_errors_are_found_behind_torch_wrappers():

@@ -47,13 +47,21 @@ class Kernel:
     # supports(**op_args) -> None when the kernel handles these inputs (real or fake tensors), else the reason.
     supports: Callable[..., str | None] = lambda **_: None
     interpretable: bool = True  # runs on CPU tensors under TRITON_INTERPRET=1
-    # Whether automatic selection may pick it. A kernel becomes auto-selected once it has been
-    # verified end to end through the pass lowering on real hardware (parity in the compiled model
-    # and a measured gain); until then it runs only when asked for by name.
-    auto: bool = False
+    # Platform kinds on which automatic selection may pick it. A kernel is auto-selected on a platform
+    # once it has been verified end to end there through the pass lowering (parity in the compiled
+    # model and a measured gain over Inductor's own code); elsewhere it runs only when asked for by name.
+    auto_on: tuple[str, ...] = ()
+    # Why it is not auto-selected where `auto_on` leaves it out (shown in the build report).
+    manual_reason: str = "not yet measured faster than Inductor's code on this platform"
     # The plain launcher behind `overload` (allocates outputs, launches through wrap_triton); the lowering
     # traces it under functionalization so Inductor embeds the Triton kernels. None: call `overload`.
     launcher: Callable | None = None
+
+    def not_automatic(self, op: str, platform: Platform) -> str | None:
+        """Why automatic selection skips this kernel on `platform` (None when it may pick it)."""
+        if platform.kind in self.auto_on:
+            return None
+        return f"opt-in on {platform.kind} ({self.manual_reason}; use kernels {op}={self.name})"
 
     def unavailable(self, platform: Platform, explicit: bool = False) -> str | None:
         """Why this kernel cannot run on `platform` at all (None when it can).
@@ -107,7 +115,7 @@ class FusedOp:
         for kernel in self.kernels.values():
             why = (
                 kernel.unavailable(platform)
-                or (None if kernel.auto else f"opt-in until verified end to end (kernels {self.name}={kernel.name})")
+                or kernel.not_automatic(self.name, platform)
                 or (kernel.supports(**args) if args is not None else None)
             )
             if why is None:

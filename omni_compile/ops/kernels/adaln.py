@@ -177,5 +177,6 @@ KERNEL = register_kernel(
         overload=torch.ops.omni_compile.adaln_triton.default,
         supports=supports,
         launcher=_adaln_impl,
+        auto_on=("cuda",),
     ),
 )

@@ -148,5 +148,6 @@ KERNEL = register_kernel(
         overload=torch.ops.omni_compile.gated_residual_triton.default,
         supports=supports,
         launcher=_gated_residual_impl,
+        manual_reason="it ties Inductor's code on the H200 (0.98x W1, 1.00x W2), which also fuses the add into its neighbours",
     ),
 )

@@ -154,5 +154,6 @@ KERNEL = register_kernel(
         overload=torch.ops.omni_compile.rms_norm_triton.default,
         supports=supports,
         launcher=_rms_norm_impl,
+        auto_on=("cuda",),
     ),
 )

@@ -364,5 +364,6 @@ KERNEL = register_kernel(
         overload=torch.ops.omni_compile.rms_norm_rope_triton.default,
         supports=supports,
         launcher=_rms_norm_rope_impl,
+        auto_on=("cuda",),
     ),
 )
