@@ -27,6 +27,14 @@ class ModelAdapter:
     def model_class(self) -> type[nn.Module]:
         raise NotImplementedError
 
+    def attention_role(self, module_path: str) -> str:
+        """The role of the attention module at `module_path` inside a block (e.g. 'attn1').
+
+        Families with declared roles map their modules to them; otherwise the role is
+        '<family>.<attribute name>', e.g. 'generic.attn1'.
+        """
+        return f"{self.family}.{module_path.rsplit('.', 1)[-1] or 'attn'}"
+
     def block_names(self, model: nn.Module) -> list[str]:
         return list(getattr(model, "_repeated_blocks", None) or [])
 

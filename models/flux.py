@@ -17,6 +17,9 @@ class FluxAdapter(ModelAdapter):
     attention_roles = {"flux.joint": "joint text+image attention in the double and single stream blocks"}
     default_text_len = 512
 
+    def attention_role(self, module_path: str) -> str:
+        return "flux.joint"  # the one attention of both block classes: text and image tokens together
+
     def model_class(self):
         from diffusers import FluxTransformer2DModel
 

@@ -114,3 +114,9 @@ def _local_directory(path: Path, inputs_fn) -> ModelSpec:
     return ModelSpec(
         source=str(path), adapter=adapter, config=params, loader=load, weights=",".join(w.name for w in weights)
     )
+
+
+def adapter_for_model(model) -> ModelAdapter:
+    """The adapter of a model instance: its family's, else a generic one for its class."""
+    family = ADAPTER_BY_CLASS.get(type(model).__name__)
+    return ADAPTERS[family] if family else GenericAdapter(type(model), None)

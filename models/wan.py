@@ -16,6 +16,10 @@ class WanAdapter(ModelAdapter):
     family = "wan"
     attention_roles = {"wan.self": "video self-attention", "wan.cross": "cross-attention to the text tokens"}
     default_text_len = 512
+    _ROLES = {"attn1": "wan.self", "attn2": "wan.cross"}
+
+    def attention_role(self, module_path: str) -> str:
+        return self._ROLES.get(module_path.rsplit(".", 1)[-1], super().attention_role(module_path))
 
     def model_class(self):
         from diffusers import WanTransformer3DModel

@@ -25,12 +25,11 @@ from typing import Any
 import torch
 
 import omni_compile
-from omni_compile.compiler import RegionCompile, compile, compile_state
+from omni_compile.compiler import RegionCompile, compile, compile_state, make_pass_manager
 from omni_compile.config import CompileConfig, ShapeBucket, dtype_name, parse_dtype
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs.regions import count_parameters
 from omni_compile.models import resolve_model
-from omni_compile.passes import PassManager
 from omni_compile.passes.lower_fused_ops import record_resolution
 from omni_compile.platform import current_platform
 
@@ -99,7 +98,7 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
         spec.adapter.check_bucket(bucket)
     # Pass switches, pass options and kernel choices (a kernel asked for by name must be able to run on
     # this platform) are checked before any slow work.
-    PassManager(opts.compile, current_platform(device))
+    make_pass_manager(opts.compile, current_platform(device), spec.adapter)
     out = Path(opts.out) if opts.out else None
     if out is not None:
         _check_out(out, opts.force)
@@ -120,6 +119,7 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
         opts.compile,
         regions=spec.adapter.block_names(model) or None,
         on_region_compiled=events.on_region_compiled,
+        adapter=spec.adapter,
     )
     state = compile_state(model)
     events.on_stage(
@@ -219,9 +219,12 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
             }
         )
     resolutions: dict[str, dict] = {}
+    attention: dict[str, dict] = {}
     for rec in records:
         for op, res in rec.resolutions.items():
             record_resolution(resolutions, op, res["implementation"], res["reason"], res["count"])
+        for role, res in rec.attention.items():
+            record_resolution(attention, role, res["implementation"], res["reason"], res["count"])
     config_json = json.dumps(spec.config, sort_keys=True, default=str)
     return {
         "schema": "omni-compile/build-report/1",
@@ -242,6 +245,7 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
         "compile_config_hash": state.config.compute_hash(),
         "passes": {"enabled": state.pass_manager.enabled, "uuid": state.pass_uuid, "matches": _sum_matches(records)},
         "fused_op_implementations": resolutions,
+        "attention": {"config": state.pass_manager.attention_config.to_json(), "per_role": attention},
         "regions": regions,
         "buckets": bucket_reports,
         "totals": {

@@ -74,6 +74,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OP=IMPL",
         help="fused-op implementations, e.g. rms_norm=triton or *=native (auto: kernel where it runs, else native)",
     )
+    b.add_argument(
+        "--attention-backend",
+        metavar="NAME",
+        help="default attention backend: auto, TORCH_SDPA, CUDNN_ATTN, FLASH_ATTN, TRITON_ATTN or SAGE_ATTN "
+        "(explicit choices fail closed; see `omni-compile attention`)",
+    )
+    b.add_argument(
+        "--attention",
+        metavar="CONFIG",
+        help='attention config as JSON ({"default": {...}, "per_role": {ROLE: {"backend": NAME}}}) or dotted items, '
+        "e.g. per_role.wan.cross.backend=TORCH_SDPA",
+    )
     b.add_argument("--config", help="CompileConfig as JSON (inline or a file); --passes apply on top")
     b.add_argument("--dump-graphs", metavar="DIR", help="write each region's graphs before/after every pass to DIR")
     b.add_argument("--cache-from", metavar="DIR", help="warm-start from the Inductor cache bundle of an earlier build")
@@ -88,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list model presets")
     sub.add_parser("passes", help="list graph passes and their defaults")
+    a = sub.add_parser("attention", help="list attention backends and what each needs on this machine")
+    a.add_argument("--device", help="cuda, cpu or xpu (default: cuda when available)")
+    a.add_argument("--head-dim", type=int, help="check the backends against this head size too")
+    a.add_argument("--dtype", default="bf16", help="dtype to check with --head-dim (default bf16)")
     return p
 
 
@@ -102,6 +118,13 @@ def _cmd_build(args, console) -> int:
         from omni_compile.ops.registry import parse_kernel_items
 
         config.kernels = {**config.kernels, **parse_kernel_items(",".join(args.kernels))}
+    if args.attention or args.attention_backend:
+        from omni_compile.attention.config import backend_name, merge_attention, parse_attention_text
+
+        attention = merge_attention(config.attention, parse_attention_text(args.attention or ""))
+        if args.attention_backend:
+            attention["default"] = {"backend": backend_name(args.attention_backend, "--attention-backend")}
+        config.attention = attention
     if args.dump_graphs:
         config.dump_dir = args.dump_graphs
     if args.text_len is not None and args.text_len <= 0:
@@ -167,6 +190,8 @@ def _print_summary(console, report, out) -> None:
     )
     for name, res in report["fused_op_implementations"].items():
         console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
+    for role, res in report["attention"]["per_role"].items():
+        console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
     console.print(f"wrote {out}/build_report.json" + (", inductor_cache.bin" if report.get("cache_bundle") else ""))
 
 
@@ -202,6 +227,23 @@ def _cmd_passes(console) -> int:
     return 0
 
 
+def _cmd_attention(console, args) -> int:
+    from omni_compile.attention.backends import BACKENDS, AttentionCall, preference
+    from omni_compile.config import parse_dtype
+    from omni_compile.platform import current_platform
+
+    platform = current_platform(args.device)
+    call = AttentionCall(dtype=parse_dtype(args.dtype), head_dim=args.head_dim) if args.head_dim else None
+    console.print(f"platform {platform.kind} ({platform.device_name}, {platform.arch}); automatic order: "
+                  + " > ".join(preference(platform)))  # fmt: skip
+    for name, backend in BACKENDS.items():
+        why = backend.check(platform, call, explicit=True)
+        status = "ok" if why is None else f"unavailable: {why}"
+        lossy = " (lossy, explicit only)" if backend.lossy else ""
+        console.print(f"{name:<12} {status}{lossy}\n             {backend.description}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -224,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_models(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
         if args.command == "passes":
             return _cmd_passes(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
+        if args.command == "attention":
+            return _cmd_attention(Console(highlight=False, width=None if sys.stdout.isatty() else 120), args)
     except OmniCompileError as e:
         print(f"omni-compile: error: {e}", file=sys.stderr)
         return 2

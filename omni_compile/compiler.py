@@ -48,6 +48,7 @@ class RegionCompile:
     passes: dict[str, int]
     pass_seconds: float
     resolutions: dict[str, dict]
+    attention: dict[str, dict] = field(default_factory=dict)  # role -> backend, reason, count
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +59,7 @@ class RegionCompile:
             "passes": None if self.cache_hit else self.passes,
             "pass_seconds": round(self.pass_seconds, 4),
             "fused_op_implementations": self.resolutions,
+            "attention": self.attention,
             "tensor_inputs": sum(1 for s in self.inputs if s[0] == "tensor"),
         }
 
@@ -110,6 +112,7 @@ class RegionBackend:
             passes=log.matches(),
             pass_seconds=sum(r.seconds for r in log.runs),
             resolutions=log.resolutions,
+            attention=log.attention,
         )
         if record.cache_hit:
             counters.region_cache_hits += 1
@@ -175,17 +178,28 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def make_pass_manager(config: CompileConfig, platform: Platform, adapter) -> PassManager:
+    """The pass manager for a model of `adapter`'s family: checks pass switches, kernel choices, the
+    attention config and its roles, and that explicit choices can run on `platform`."""
+    from omni_compile.attention.config import AttentionConfig, check_roles
+
+    check_roles(AttentionConfig.from_json(config.attention), adapter.attention_roles, adapter.family)
+    return PassManager(config, platform, attention_role=adapter.attention_role)
+
+
 def compile(
     model: nn.Module,
     config: CompileConfig | dict | None = None,
     *,
     regions: list[str] | None = None,
     on_region_compiled: Callable[[RegionCompile], None] | None = None,
+    adapter=None,
 ) -> nn.Module:
     """Compile `model`'s regions with Inductor and our passes (JIT, on first call per bucket).
 
-    `regions` names the block classes (default: the model's `_repeated_blocks`). Returns the same
-    module, whose forward signature is unchanged.
+    `regions` names the block classes (default: the model's `_repeated_blocks`); `adapter` is the
+    model family's adapter (default: found from the model's class), which maps attention modules to
+    roles. Returns the same module, whose forward signature is unchanged.
     """
     if isinstance(config, dict):
         config = CompileConfig.from_dict(config)
@@ -193,10 +207,14 @@ def compile(
     if getattr(model, "_omni_compile", None) is not None:
         raise ConfigError("this model is already compiled by omni-compile; call omni_compile.uncompile(model) first")
     platform = current_platform(_model_device(model))
+    if adapter is None:
+        from omni_compile.models.registry import adapter_for_model
+
+        adapter = adapter_for_model(model)
     state = CompileState(
         config=config,
         platform=platform,
-        pass_manager=PassManager(config, platform),
+        pass_manager=make_pass_manager(config, platform, adapter),
         regions=find_regions(model, regions),
         on_region_compiled=on_region_compiled,
     )

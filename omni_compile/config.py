@@ -118,6 +118,14 @@ class CompileConfig:
             "'native', or a kernel name such as 'triton' (an error if it cannot run). Key '*' sets every op."
         },
     )
+    attention: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "doc": "Attention backend per role: {'default': {'backend': NAME}, 'per_role': {ROLE: {'backend': NAME}}}; "
+            "NAME is auto (default) or TORCH_SDPA, CUDNN_ATTN, FLASH_ATTN, TRITON_ATTN, SAGE_ATTN. A per_role entry "
+            "replaces the default for that role (docs/attention.md)."
+        },
+    )
     fullgraph: bool = field(
         default=True, metadata={"doc": "Each region must trace as one graph; a graph break is an error."}
     )
@@ -147,6 +155,7 @@ class CompileConfig:
             "passes": list(self.passes),
             "pass_options": self.pass_options,
             "kernels": self.kernels,
+            "attention": self.attention,
             "fullgraph": self.fullgraph,
             "canonicalize_strides": self.canonicalize_strides,
         }

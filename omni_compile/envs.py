@@ -24,3 +24,8 @@ def dump_dir() -> str | None:
 def log_level() -> str | None:
     """OMNI_COMPILE_LOG_LEVEL: the CLI's log level (default WARNING)."""
     return os.environ.get("OMNI_COMPILE_LOG_LEVEL") or None
+
+
+def attention_backend() -> str | None:
+    """OMNI_COMPILE_ATTENTION_BACKEND: the default attention backend, e.g. CUDNN_ATTN (replaces the config's default)."""
+    return os.environ.get("OMNI_COMPILE_ATTENTION_BACKEND") or None

@@ -91,12 +91,11 @@ def functional_trace(fn, args):
     return gm
 
 
-def splice(node: torch.fx.Node, op: FusedOp, impl, trace=fake_trace) -> None:
-    """Replace the fused-op call `node` by the traced body of `impl` (same arguments as the op), in place."""
-    bound = dict(zip(op.arg_names, node.args))
-    bound.update(node.kwargs)
-    tensors = [n for n in op.arg_names if isinstance(bound.get(n), torch.fx.Node)]
-    constants = {n: bound.get(n) for n in op.arg_names if n not in tensors}
+def splice_body(node: torch.fx.Node, bound: dict, impl, trace=fake_trace) -> None:
+    """Replace `node` by the traced body of `impl(**bound)`, in place: the graph nodes among `bound`'s
+    values become the body's inputs, the other values are constants of the trace."""
+    tensors = [n for n, v in bound.items() if isinstance(v, torch.fx.Node)]
+    constants = {n: v for n, v in bound.items() if n not in tensors}
 
     def body(*values):
         return impl(**dict(zip(tensors, values)), **constants)
@@ -108,6 +107,13 @@ def splice(node: torch.fx.Node, op: FusedOp, impl, trace=fake_trace) -> None:
         out = graph.graph_copy(traced.graph, {ph: bound[name] for ph, name in zip(placeholders, tensors)})
     node.replace_all_uses_with(out)
     graph.erase_node(node)
+
+
+def splice(node: torch.fx.Node, op: FusedOp, impl, trace=fake_trace) -> None:
+    """Replace the fused-op call `node` by the traced body of `impl` (same arguments as the op), in place."""
+    bound = dict(zip(op.arg_names, node.args))
+    bound.update(node.kwargs)
+    splice_body(node, {n: bound.get(n) for n in op.arg_names}, impl, trace)
 
 
 def inline_native(node: torch.fx.Node, op: FusedOp) -> None:

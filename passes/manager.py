@@ -22,12 +22,14 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from omni_compile import envs
+from omni_compile.attention.config import AttentionConfig
 from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
 from omni_compile.passes.base import OmniPass
 from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
+from omni_compile.passes.attention import AttentionPass
 from omni_compile.passes.gated_residual import GatedResidualPass
 from omni_compile.passes.lower_fused_ops import LowerFusedOpsPass
 from omni_compile.passes.qk_norm_rope import QKNormRopePass
@@ -37,7 +39,14 @@ from omni_compile.platform import Platform
 logger = logging.getLogger("omni_compile.passes")
 
 # The fixed order passes run in. Fusion passes first, lowering of fused ops last.
-PASS_ORDER: tuple[type[OmniPass], ...] = (RMSNormPass, QKNormRopePass, AdaLNPass, GatedResidualPass, LowerFusedOpsPass)
+PASS_ORDER: tuple[type[OmniPass], ...] = (
+    RMSNormPass,
+    QKNormRopePass,
+    AdaLNPass,
+    GatedResidualPass,
+    AttentionPass,
+    LowerFusedOpsPass,
+)
 PASSES: dict[str, type[OmniPass]] = {cls.name: cls for cls in PASS_ORDER}
 
 
@@ -78,7 +87,8 @@ class PassLog:
     label: str
     dump_dir: Path | None = None
     runs: list[PassRun] = field(default_factory=list)
-    resolutions: dict[str, dict] = field(default_factory=dict)
+    resolutions: dict[str, dict] = field(default_factory=dict)  # fused op -> implementation, reason, count
+    attention: dict[str, dict] = field(default_factory=dict)  # role -> backend, reason, count
 
     @property
     def ran(self) -> bool:
@@ -103,9 +113,12 @@ def enabled_passes(config: CompileConfig) -> list[str]:
 
 
 class PassManager(CustomGraphPass):
-    def __init__(self, config: CompileConfig, platform: Platform):
+    def __init__(self, config: CompileConfig, platform: Platform, attention_role=None):
+        """`attention_role(module_path) -> role` is the model adapter's mapping of attention modules to roles."""
         self.enabled = enabled_passes(config)
         self.platform = platform
+        # Parsed (and validated) even with the attention pass off, so a bad config is always an error.
+        self.attention_config = AttentionConfig.from_json(config.attention).with_env()
         self._uuid: str | None = None
         self.passes: list[OmniPass] = []
         for name in self.enabled:
@@ -114,6 +127,8 @@ class PassManager(CustomGraphPass):
             if cls is LowerFusedOpsPass:
                 choices = parse_kernel_choices(config.kernels, envs.kernels_override())
                 p = LowerFusedOpsPass(options, platform=platform, choices=choices)
+            elif cls is AttentionPass:
+                p = AttentionPass(options, platform=platform, config=self.attention_config, role_of=attention_role)
             else:
                 p = _pattern_pass(cls, json.dumps(options, sort_keys=True))
             if p.is_applicable(platform, config):
@@ -133,8 +148,8 @@ class PassManager(CustomGraphPass):
         for i, p in enumerate(self.passes):
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.before.py", graph)
-            if isinstance(p, LowerFusedOpsPass):
-                p.resolutions = {}  # record only this graph's ops
+            if isinstance(p, (LowerFusedOpsPass, AttentionPass)):
+                p.resolutions = {}  # record only this graph's calls
             t0 = time.perf_counter()
             matches = int(p(graph) or 0)
             graph.eliminate_dead_code()
@@ -143,6 +158,8 @@ class PassManager(CustomGraphPass):
             counters.pass_matches[p.name] += matches
             if isinstance(p, LowerFusedOpsPass):
                 log.resolutions.update({k: dict(v) for k, v in p.resolutions.items()})
+            elif isinstance(p, AttentionPass):
+                log.attention.update({k: dict(v) for k, v in p.resolutions.items()})
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.after.py", graph)
         graph.lint()

@@ -1,0 +1,88 @@
+"""Choosing the attention backend of a role.
+
+- An explicit choice (config, `--attention-backend`, OMNI_COMPILE_ATTENTION_BACKEND) fails closed:
+  if the backend cannot run this platform, shape, dtype or mask, `AttentionBackendError` names the
+  backend, the role, where the choice came from, the failed requirement and what to do. It never
+  switches silently.
+- `auto` walks `preference(platform)`, skipping each backend whose checks fail, and logs the chosen
+  backend with the reason for every skip.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from omni_compile.attention.backends import BACKENDS, AttentionCall, preference
+from omni_compile.attention.config import AttentionConfig, BackendChoice
+from omni_compile.errors import OmniCompileError
+from omni_compile.platform import Platform
+
+logger = logging.getLogger("omni_compile.attention")
+
+
+class AttentionBackendError(OmniCompileError):
+    """An explicitly selected attention backend cannot serve this platform or call."""
+
+
+@dataclass(frozen=True)
+class AttentionResolution:
+    role: str
+    backend: str
+    reason: str
+    source: str
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        text = f"Resolved attention backend {self.backend!r} for role={self.role!r} via {self.source}"
+        if self.skipped:
+            text += " (skipped " + "; ".join(f"{n}: {why}" for n, why in self.skipped) + ")"
+        return text
+
+
+def _working_alternatives(platform: Platform, call: AttentionCall | None, exclude: str) -> list[str]:
+    return [
+        name
+        for name in preference(platform)
+        if name != exclude and BACKENDS[name].check(platform, call) is None
+    ]
+
+
+def resolve_choice(
+    choice: BackendChoice, role: str, platform: Platform, call: AttentionCall | None = None
+) -> AttentionResolution:
+    """The backend for one call of `role` (call None: only platform-level requirements are checked)."""
+    if choice.explicit:
+        backend = BACKENDS[choice.backend]
+        why = backend.check(platform, call, explicit=True)
+        if why:
+            others = _working_alternatives(platform, call, backend.name)
+            fix = f"choose {' or '.join(others)}, or auto" if others else "choose auto"
+            raise AttentionBackendError(
+                f"attention backend {backend.name} was explicitly selected for role {role!r} via {choice.source} "
+                f"but cannot be used: {why}. {fix[0].upper() + fix[1:]}."
+            )
+        return AttentionResolution(role, backend.name, "explicitly selected", choice.source)
+    skipped = []
+    for name in preference(platform):
+        why = BACKENDS[name].check(platform, call)
+        if why is None:
+            resolution = AttentionResolution(role, name, f"first of {platform.arch}'s preference list that runs this call",
+                                             choice.source, tuple(skipped))  # fmt: skip
+            return resolution
+        skipped.append((name, why))
+    # TORCH_SDPA runs everywhere; reaching here means the preference list is broken.
+    raise AssertionError(f"no attention backend can run on {platform.kind}: {skipped}")
+
+
+def resolve(config: AttentionConfig, role: str, platform: Platform, call: AttentionCall | None = None) -> AttentionResolution:
+    resolution = resolve_choice(config.for_role(role), role, platform, call)
+    logger.info("%s", resolution.describe())
+    return resolution
+
+
+def check_explicit_choices(config: AttentionConfig, platform: Platform) -> None:
+    """Fail before anything loads when an explicit choice cannot run on this platform at all."""
+    for role, choice in config.choices():
+        if choice.explicit:
+            resolve_choice(choice, role or "default", platform, None)

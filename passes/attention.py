@@ -1,0 +1,194 @@
+"""Route every attention call of a region graph to the backend chosen for its role.
+
+Matches the SDPA nodes of the post-grad graph (`aten.scaled_dot_product_attention` and the forms
+torch decomposes it into: the flash, efficient, cuDNN and CPU-flash ops) whose first output is the
+only one used, with no dropout and no causal mask. Each call's role comes from the attention
+module that made it (`nn_module_stack`, e.g. `attn2` in a Wan block is `wan.cross`; the adapter
+maps it), its requirements from the example values (dtype, head_dim, lengths, mask). The backend
+is resolved per call (`omni_compile.attention.select`: explicit choices fail closed, `auto` walks
+the platform's preference list) and the call is replaced by that backend's form:
+
+- TORCH_SDPA: left as torch dispatched it;
+- CUDNN_ATTN: `aten._scaled_dot_product_cudnn_attention` on the same [B, H, S, D] views;
+- FLASH_ATTN, TRITON_ATTN, SAGE_ATTN: the backend's op on [B, S, H, D] tensors. diffusers builds
+  q/k/v as [B, S, H, D] and transposes them for SDPA; the new call takes the transpose back, so the
+  permute pair folds into the original tensor and no layout copy is made before or after the kernel.
+  The Triton kernels are embedded in Inductor's code like the fused-op kernels (`functional_trace`).
+
+Correctness: every backend computes softmax(q kᵀ · scale) v on the same inputs (SAGE_ATTN within its
+documented, lossy bound); the output keeps SDPA's shape and dtype. The build report lists the backend,
+reason and call count per role.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+
+import torch
+from torch.fx.operator_schemas import normalize_function
+
+from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_flash_library
+from omni_compile.attention.config import AttentionConfig
+from omni_compile.attention.select import check_explicit_choices, resolve
+from omni_compile.passes.base import OmniPass, _source
+from omni_compile.passes.lower_fused_ops import fake_trace, functional_trace, record_resolution, splice_body
+from omni_compile.platform import Platform
+
+aten = torch.ops.aten
+
+
+def _sdpa_targets() -> set:
+    names = (
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    return {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    """The attention module's path inside the block, e.g. 'attn1' (from "L['self'].attn1")."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    for prefix in ("L['self'].", "L['self']", "self."):
+        if path.startswith(prefix):
+            return path[len(prefix) :]
+    return path
+
+
+def _mask_kind(mask, q, k) -> str | None:
+    if mask is None:
+        return None
+    m = mask.meta["val"]
+    b, skv = q.shape[0], k.shape[2]
+    if m.dtype == torch.bool and m.dim() == 4 and m.shape[1] == m.shape[2] == 1 and m.shape[3] == skv and m.shape[0] in (1, b):
+        return "key_padding"
+    return "other"
+
+
+def _to_bshd(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+def _key_mask(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    return mask.reshape(mask.shape[0], mask.shape[-1]).expand(q.shape[0], mask.shape[-1])
+
+
+def _cudnn_body(q, k, v, mask, scale):
+    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, False, False, scale=scale)[0]
+
+
+def _flash_body(q, k, v, mask, scale):
+    return _to_bshd(torch.ops.omni_compile.attention_flash(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
+
+
+def _kernel_body(launcher):
+    def body(q, k, v, mask, scale):
+        return _to_bshd(launcher(_to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q), scale))
+
+    return body
+
+
+class AttentionPass(OmniPass):
+    """Replaces SDPA calls by the attention backend chosen for their role (CUDNN, FLASH, TRITON, SAGE)."""
+
+    name = "attention"
+
+    def __init__(self, options=None, platform: Platform | None = None, config: AttentionConfig | None = None,
+                 role_of=None):  # fmt: skip
+        super().__init__(options)
+        self.platform = platform
+        self.config = config or AttentionConfig()
+        self.role_of = role_of or (lambda path: path or "default")
+        if platform is not None:
+            check_explicit_choices(self.config, platform)
+        self.resolutions: dict[str, dict] = {}
+
+    def apply(self, graph: torch.fx.Graph) -> int:
+        assert self.platform is not None, "AttentionPass needs its platform before it runs"
+        targets = _sdpa_targets()
+        count = 0
+        for node in [n for n in graph.nodes if n.op == "call_function" and n.target in targets]:
+            count += self._rewrite(node)
+        return count
+
+    def _rewrite(self, node: torch.fx.Node) -> int:
+        normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+        kw = normalized.kwargs if normalized is not None else {}
+        q, k, v = kw.get("query"), kw.get("key"), kw.get("value")
+        if not all(isinstance(t, torch.fx.Node) for t in (q, k, v)):
+            return 0
+        mask = kw.get("attn_mask", kw.get("attn_bias"))
+        role = self.role_of(_module_path(node))
+        if kw.get("dropout_p", 0.0) or kw.get("is_causal", False):
+            record_resolution(self.resolutions, role, "TORCH_SDPA", "dropout or a causal mask: left to torch")
+            return 0
+        if node.target is aten.scaled_dot_product_attention.default:
+            out = node
+        else:
+            users = list(node.users)
+            if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+                return 0
+            out = users[0]
+            for extra in users[1:]:  # duplicate getitem(node, 0)
+                extra.replace_all_uses_with(out)
+        qv, kv_, vv = (t.meta["val"] for t in (q, k, v))
+        call = AttentionCall(
+            dtype=qv.dtype,
+            head_dim=int(qv.shape[-1]),
+            q_len=int(qv.shape[2]),
+            kv_len=int(kv_.shape[2]),
+            mask=_mask_kind(mask, qv, kv_),
+        )
+        if qv.shape[1] != kv_.shape[1] or vv.shape[-1] != qv.shape[-1]:
+            why = "grouped-query attention or a different value head size: left to torch"
+            record_resolution(self.resolutions, role, "TORCH_SDPA", why)
+            return 0
+        resolution = resolve(self.config, role, self.platform, call)
+        record_resolution(self.resolutions, role, resolution.backend, resolution.describe())
+        body, trace = self._body(resolution.backend, node)
+        if body is None:
+            return 1
+        scale = kw.get("scale")
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim)
+        splice_body(out, {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}, body, trace)
+        return 1
+
+    def _body(self, backend: str, node: torch.fx.Node):
+        if backend == "TORCH_SDPA":
+            return None, None
+        if backend == "CUDNN_ATTN":
+            if node.target is aten._scaled_dot_product_cudnn_attention.default:
+                return None, None  # torch already chose cuDNN here
+            return _cudnn_body, fake_trace
+        if backend == "FLASH_ATTN":
+            from omni_compile.attention import flash  # noqa: F401  (registers omni_compile::attention_flash)
+
+            return _flash_body, fake_trace
+        from omni_compile.attention import sage, triton_attn
+
+        module, op = (
+            (triton_attn, torch.ops.omni_compile.attention_triton.default)
+            if backend == "TRITON_ATTN"
+            else (sage, torch.ops.omni_compile.attention_sage_triton.default)
+        )
+        if self.platform.kind == "cpu":  # the interpreter: the triton_op, as an external call
+            return _kernel_body(op), fake_trace
+        launcher = module._attention_impl if backend == "TRITON_ATTN" else module._sage_impl
+        return _kernel_body(launcher), functional_trace
+
+    def uuid(self) -> str:
+        # What changes the rewrite: the config, the adapter's role mapping, and (through `auto`) which
+        # FlashAttention build is installed.
+        factors = [super().uuid(), repr(self.config.to_json()), _source(self.role_of), repr(sorted(BACKENDS))]
+        if self.platform is not None:
+            factors.append(repr(installed_flash_library(self.platform)))
+        return hashlib.sha256("|".join(factors).encode()).hexdigest()

@@ -1,0 +1,335 @@
+"""Attention backend selection: the contract (explicit fails closed, auto falls back and says why), the
+config syntaxes, roles, and the attention pass on the tiny presets."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from omni_compile.attention import backends as B
+from omni_compile.attention.backends import BACKENDS, AttentionCall, preference
+from omni_compile.attention.config import AttentionConfig, check_roles, parse_attention_text
+from omni_compile.attention.select import AttentionBackendError, check_explicit_choices, resolve
+from omni_compile.errors import ConfigError
+from omni_compile.platform import Platform
+
+
+def plat(kind, name="", cap=None):
+    return Platform(kind, name, cap, "2.11.0", "3.6.0", "13.0" if kind == "cuda" else None, "6.4" if kind == "rocm" else None)
+
+
+H200 = plat("cuda", "NVIDIA H200", (9, 0))
+A100 = plat("cuda", "NVIDIA A100", (8, 0))
+T4 = plat("cuda", "Tesla T4", (7, 5))
+B200 = plat("cuda", "NVIDIA B200", (10, 0))
+CPU = plat("cpu", "x86_64")
+ROCM = plat("rocm", "AMD Instinct MI300X", (9, 4))
+XPU = plat("xpu", "Intel Data Center GPU Max")
+BF16_128 = AttentionCall(dtype=torch.bfloat16, head_dim=128, q_len=4608, kv_len=4608)
+
+
+def explicit(name, role="wan.self"):
+    return AttentionConfig.from_json({"default": {"backend": name}}), role
+
+
+@pytest.fixture(autouse=True)
+def cudnn_present(monkeypatch):
+    """The platforms here are described, not real: take cuDNN as present (this CPU torch build has none)."""
+    import dataclasses
+
+    real = BACKENDS["CUDNN_ATTN"]
+    monkeypatch.setitem(BACKENDS, "CUDNN_ATTN", dataclasses.replace(real, available=lambda platform: None))
+    return real
+
+
+@pytest.fixture
+def no_flash(monkeypatch):
+    monkeypatch.setattr(B, "installed_flash_library", lambda platform: None)
+
+
+@pytest.fixture
+def fa2_only(monkeypatch):
+    """Only an FA2 build is installed (what `installed_flash_library` finds is by module)."""
+    monkeypatch.setattr(B, "_has_module", lambda name: name == "flash_attn")
+    monkeypatch.setattr(B, "_fa2_has_func", lambda: True)
+
+
+def reason_of(name, platform, call=BF16_128, role="wan.self"):
+    config, role = explicit(name, role)
+    with pytest.raises(AttentionBackendError) as e:
+        resolve(config, role, platform, call)
+    return str(e.value)
+
+
+# ------------------------------------------------------------------ explicit choices fail closed
+
+
+@pytest.mark.parametrize(
+    "backend,platform,call,why",
+    [
+        ("CUDNN_ATTN", CPU, BF16_128, "it runs on cuda, not on cpu"),
+        ("CUDNN_ATTN", T4, BF16_128, "it needs compute capability 8.0 or newer; Tesla T4 has 7.5"),
+        ("CUDNN_ATTN", H200, AttentionCall(torch.bfloat16, 12, 64, 64),
+         "head_size=12 is unsupported (cuDNN attention takes head sizes <= 256 that are multiples of 8)"),
+        ("CUDNN_ATTN", H200, AttentionCall(torch.float32, 128, 64, 64),
+         "dtype float32 is unsupported (CUDNN_ATTN takes bfloat16 or float16)"),
+        ("CUDNN_ATTN", H200, AttentionCall(torch.bfloat16, 128, 64, 64, "key_padding"),
+         "the call has an attention mask (key-padding) and CUDNN_ATTN takes no attention mask"),
+        ("CUDNN_ATTN", H200, AttentionCall(torch.bfloat16, 128, 64, 1),
+         "kv_len=1 is unsupported by cuDNN attention"),
+        ("TRITON_ATTN", H200, AttentionCall(torch.float16, 300, 64, 64),
+         "head_size=300 is unsupported (the Triton kernel takes head sizes 16..256)"),
+        ("TRITON_ATTN", H200, AttentionCall(torch.float16, 64, 64, 64, "other"),
+         "the call has an attention mask (other) and TRITON_ATTN takes only a key-padding mask"),
+        ("TRITON_ATTN", CPU, BF16_128,
+         "it runs on cuda/rocm/xpu, not on cpu (or set TRITON_INTERPRET=1 to run it on CPU for testing)"),
+        ("SAGE_ATTN", XPU, BF16_128, "it runs on cuda/rocm, not on xpu"),
+        ("FLASH_ATTN", T4, BF16_128, "it needs compute capability 8.0 or newer; Tesla T4 has 7.5"),
+    ],
+)
+def test_explicit_unsupported_raises_with_the_failed_requirement(backend, platform, call, why, no_flash, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    msg = reason_of(backend, platform, call)
+    assert msg.startswith(
+        f"attention backend {backend} was explicitly selected for role 'wan.self' via attention_config.default "
+        "but cannot be used: "
+    ), msg
+    assert why in msg, msg
+
+
+def test_a_torch_build_without_cudnn_says_so(cudnn_present):
+    if torch.backends.cudnn.is_available():
+        pytest.skip("this torch build has cuDNN")
+    assert cudnn_present.check(H200, BF16_128) == "this torch build has no cuDNN"
+
+
+def test_explicit_error_names_what_would_work(no_flash):
+    msg = reason_of("CUDNN_ATTN", H200, AttentionCall(torch.bfloat16, 12, 64, 64))
+    assert msg.endswith("Choose TORCH_SDPA, or auto."), msg
+    assert reason_of("CUDNN_ATTN", H200, AttentionCall(torch.bfloat16, 128, 64, 1)).endswith("Choose TORCH_SDPA, or auto.")
+
+
+def test_flash_attention_packages_per_architecture(fa2_only):
+    # FA2 serves Ampere and Hopper; on Blackwell only FA4 counts, an FA2 build is ignored.
+    assert resolve(*explicit("FLASH_ATTN"), A100, BF16_128).backend == "FLASH_ATTN"
+    assert B.installed_flash_library(H200) == "fa2"
+    msg = reason_of("FLASH_ATTN", B200)
+    assert "no FlashAttention package for sm100 is installed (pip install flash-attn-4 (FlashAttention-4, CuTe DSL))" in msg
+
+
+def test_flash_attention_missing_names_the_install(no_flash):
+    msg = reason_of("FLASH_ATTN", H200)
+    assert "no FlashAttention package for sm90 is installed" in msg and "pip install flash-attn-4" in msg
+    assert msg.endswith("Choose CUDNN_ATTN or TORCH_SDPA, or auto."), msg
+
+
+def test_probe_with_unknown_head_size_skips_the_head_size_check():
+    assert BACKENDS["CUDNN_ATTN"].check(H200, AttentionCall(dtype=torch.bfloat16)) is None
+    assert BACKENDS["CUDNN_ATTN"].check(H200, AttentionCall(dtype=torch.bfloat16, head_dim=12)) is not None
+
+
+def test_platform_requirements_fail_before_any_graph(no_flash):
+    config = AttentionConfig.from_json({"per_role": {"wan.cross": {"backend": "CUDNN_ATTN"}}})
+    with pytest.raises(AttentionBackendError, match="role 'wan.cross' via attention_config.per_role\\['wan.cross'\\]"):
+        check_explicit_choices(config, CPU)
+    check_explicit_choices(config, H200)  # shape requirements wait for the graph
+
+
+# ------------------------------------------------------------------ automatic selection falls back
+
+
+def test_auto_walks_the_preference_list_and_logs_each_skip(no_flash, caplog):
+    caplog.set_level(logging.INFO, logger="omni_compile.attention")
+    res = resolve(AttentionConfig(), "flux.joint", H200, BF16_128)
+    assert res.backend == "CUDNN_ATTN"
+    assert [n for n, _ in res.skipped] == ["FLASH_ATTN"]
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("Resolved attention backend 'CUDNN_ATTN' for role='flux.joint' via attention_config.default")
+    assert "(skipped FLASH_ATTN: no FlashAttention package for sm90 is installed" in line
+
+
+@pytest.mark.parametrize(
+    "call,expected,skips",
+    [
+        (AttentionCall(torch.bfloat16, 12, 64, 64), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),  # no fast backend
+        (AttentionCall(torch.bfloat16, 128, 64, 1), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),  # KV length 1
+        (AttentionCall(torch.float32, 128, 64, 64), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),
+        (AttentionCall(torch.bfloat16, 128, 64, 64, "key_padding"), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),
+    ],
+)
+def test_auto_falls_back_to_sdpa(call, expected, skips, no_flash):
+    res = resolve(AttentionConfig(), "wan.self", H200, call)
+    assert res.backend == expected and [n for n, _ in res.skipped] == skips
+
+
+def test_auto_prefers_flash_when_installed(fa2_only):
+    assert resolve(AttentionConfig(), "flux.joint", A100, BF16_128).backend == "FLASH_ATTN"
+
+
+def test_preference_lists_per_platform_never_hold_lossy_backends():
+    assert preference(CPU) == ["TORCH_SDPA"] and preference(T4) == ["TORCH_SDPA"]
+    assert preference(XPU)[0] == "TRITON_ATTN"
+    for p in (H200, A100, B200, CPU, ROCM, XPU, T4):
+        order = preference(p)
+        assert order[-1] == "TORCH_SDPA" and not any(BACKENDS[n].lossy for n in order)
+    assert BACKENDS["SAGE_ATTN"].lossy
+
+
+# ------------------------------------------------------------------ config syntax, roles, env and CLI
+
+
+def test_per_role_replaces_the_default_and_inherits_nothing():
+    config = AttentionConfig.from_json(
+        {"default": {"backend": "CUDNN_ATTN"}, "per_role": {"wan.cross": {}}}
+    )
+    assert config.for_role("wan.self").backend == "CUDNN_ATTN"
+    assert config.for_role("wan.cross").backend == "auto"  # its own entry: the default's backend is not inherited
+    assert config.for_role("wan.cross").source == "attention_config.per_role['wan.cross']"
+
+
+def test_dotted_and_json_syntax_agree():
+    dotted = parse_attention_text("default.backend=cudnn_attn, per_role.wan.cross.backend=TORCH_SDPA")
+    js = parse_attention_text('{"default": {"backend": "CUDNN_ATTN"}, "per_role": {"wan.cross": {"backend": "TORCH_SDPA"}}}')
+    assert AttentionConfig.from_json(dotted).to_json() == AttentionConfig.from_json(js).to_json()
+    assert AttentionConfig.from_json(dotted).to_json()["per_role"] == {"wan.cross": {"backend": "TORCH_SDPA"}}
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("default.backend=FLASH", "unknown attention backend 'FLASH'; choose auto or one of TORCH_SDPA, CUDNN_ATTN, "
+                                  "FLASH_ATTN, TRITON_ATTN, SAGE_ATTN"),
+        ('{"default": {"backend": "XLA"}}', "attention_config.default.backend: unknown attention backend 'XLA'"),
+        ('{"default": {"backend": "CUDNN_ATTN", "quant": "fp8"}}', "has unknown key(s) ['quant']"),
+        ('{"defaults": {}}', "attention config has unknown key(s) ['defaults']"),
+        ("per_role.backend=TORCH_SDPA", "names no role"),
+        ("wan.cross=TORCH_SDPA", "must look like default.backend=NAME or per_role.ROLE.backend=NAME"),
+        ('{"default": ', "attention config is not valid JSON"),
+    ],
+)
+def test_config_errors(text, error):
+    with pytest.raises(ConfigError) as e:
+        parse_attention_text(text)
+    assert error in str(e.value), str(e.value)
+
+
+def test_env_var_replaces_the_default_backend(monkeypatch):
+    monkeypatch.setenv("OMNI_COMPILE_ATTENTION_BACKEND", "cudnn_attn")
+    config = AttentionConfig.from_json({"per_role": {"wan.cross": {"backend": "TORCH_SDPA"}}}).with_env()
+    assert config.default.backend == "CUDNN_ATTN" and config.default.source == "OMNI_COMPILE_ATTENTION_BACKEND"
+    assert config.for_role("wan.cross").backend == "TORCH_SDPA"
+    monkeypatch.setenv("OMNI_COMPILE_ATTENTION_BACKEND", "nope")
+    with pytest.raises(ConfigError, match="OMNI_COMPILE_ATTENTION_BACKEND: unknown attention backend 'nope'"):
+        AttentionConfig().with_env()
+
+
+def test_unknown_roles_are_errors_listing_the_models_roles():
+    from omni_compile.models.registry import ADAPTERS
+
+    wan = ADAPTERS["wan"]
+    config = AttentionConfig.from_json({"per_role": {"wan.crosss": {"backend": "TORCH_SDPA"}}})
+    with pytest.raises(ConfigError, match=r"unknown role\(s\) \['wan.crosss'\] for wan; its roles are wan.self, wan.cross"):
+        check_roles(config, wan.attention_roles, wan.family)
+    assert wan.attention_role("attn1") == "wan.self" and wan.attention_role("attn2") == "wan.cross"
+    assert ADAPTERS["flux"].attention_role("attn") == "flux.joint"
+
+
+def test_cli_flag_env_var_and_json_config_agree(subprocess_env, tmp_path):
+    """The three spellings of one explicit choice stop the build with the same error, before the model loads."""
+    from test_cli import assert_user_error, cli
+
+    why = "attention backend CUDNN_ATTN was explicitly selected for role 'default' via {} but cannot be used: " \
+          "it runs on cuda, not on cpu. Choose TORCH_SDPA, or auto."  # fmt: skip
+    out = str(tmp_path / "o")
+    assert_user_error(cli("build", "--out", out, "--attention-backend", "CUDNN_ATTN", env=subprocess_env),
+                      why.format("attention_config.default"))  # fmt: skip
+    assert_user_error(cli("build", "--out", out, "--attention", "default.backend=CUDNN_ATTN", env=subprocess_env),
+                      why.format("attention_config.default"))  # fmt: skip
+    cfg = json.dumps({"attention": {"default": {"backend": "CUDNN_ATTN"}}})
+    assert_user_error(cli("build", "--out", out, "--config", cfg, env=subprocess_env), why.format("attention_config.default"))
+    env = dict(subprocess_env, OMNI_COMPILE_ATTENTION_BACKEND="CUDNN_ATTN")
+    assert_user_error(cli("build", "--out", out, env=env), why.format("OMNI_COMPILE_ATTENTION_BACKEND"))
+    assert_user_error(cli("build", "--out", out, "--attention-backend", "FA9", env=subprocess_env),
+                      "--attention-backend: unknown attention backend 'FA9'")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_attention_listing(subprocess_env):
+    from test_cli import cli
+
+    proc = cli("attention", "--device", "cpu", env=subprocess_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "automatic order: TORCH_SDPA" in proc.stdout
+    assert "CUDNN_ATTN   unavailable: it runs on cuda, not on cpu" in proc.stdout
+    assert "SAGE_ATTN" in proc.stdout and "(lossy, explicit only)" in proc.stdout
+
+
+# ------------------------------------------------------------------ the attention pass on the tiny presets
+
+
+def _compile_tiny(preset, shape, dtype, config, seed=1):
+    import omni_compile
+    from omni_compile.config import ShapeBucket
+    from omni_compile.models import resolve_model
+
+    spec = resolve_model(preset)
+    model = spec.load(dtype=dtype, device="cpu", seed=0)
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=dtype, device="cpu",
+                                         text_len=spec.text_len, seed=seed)  # fmt: skip
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+    omni_compile.compile(model, omni_compile.CompileConfig(**config))
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    records = omni_compile.compile_state(model).records
+    return records, float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.compile
+def test_pass_finds_each_role_and_leaves_sdpa_on_cpu(fresh_dynamo, no_inductor_cache):
+    records, err = _compile_tiny("wan-tiny", "64x96x9", torch.float32, {})
+    (rec,) = records
+    assert rec.passes["attention"] == 2
+    assert {role: (r["implementation"], r["count"]) for role, r in rec.attention.items()} == {
+        "wan.self": ("TORCH_SDPA", 1),
+        "wan.cross": ("TORCH_SDPA", 1),
+    }
+    assert err < 1e-5
+    records, _ = _compile_tiny("wan-tiny", "64x96x9", torch.float32, {"passes": ["-attention"]})
+    assert "attention" not in records[0].passes and records[0].attention == {}
+
+
+@pytest.mark.compile
+def test_explicit_triton_attention_per_role_under_the_interpreter(fresh_dynamo, no_inductor_cache, monkeypatch):
+    """per_role puts Wan's cross-attention on our Triton kernel (the interpreter, bf16) and keeps self-attention
+    on SDPA; the compiled model matches eager bf16."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    config = {"attention": {"per_role": {"wan.cross": {"backend": "TRITON_ATTN"}}}}
+    records, err = _compile_tiny("wan-tiny", "64x96x9", torch.bfloat16, config)
+    (rec,) = records
+    assert {role: r["implementation"] for role, r in rec.attention.items()} == {
+        "wan.self": "TORCH_SDPA",
+        "wan.cross": "TRITON_ATTN",
+    }
+    assert err < 2e-2, err
+
+
+@pytest.mark.compile
+def test_explicit_backend_that_cannot_take_the_dtype_stops_the_compile(fresh_dynamo, no_inductor_cache, monkeypatch):
+    from omni_compile.errors import find_user_error
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(Exception) as e:
+        _compile_tiny("flux-tiny", "64x64", torch.float32, {"attention": {"default": {"backend": "TRITON_ATTN"}}})
+    err = find_user_error(e.value)
+    assert isinstance(err, AttentionBackendError), e.value
+    assert "for role 'flux.joint'" in str(err) and "dtype float32 is unsupported (TRITON_ATTN takes bfloat16 or float16)" in str(err)
+
+
+def test_attention_config_changes_the_pass_uuid():
+    from omni_compile.passes.attention import AttentionPass
+
+    a = AttentionPass(platform=CPU, config=AttentionConfig()).uuid()
+    b = AttentionPass(platform=CPU, config=AttentionConfig.from_json({"per_role": {"wan.cross": {"backend": "TORCH_SDPA"}}})).uuid()
+    assert a != b and a == AttentionPass(platform=CPU, config=AttentionConfig()).uuid()
