@@ -56,15 +56,15 @@ def test_compile_config_hash_covers_codegen_fields_only():
 
 
 def test_pass_switches():
-    everything = ["rms_norm", "qk_norm_rope", "adaln", "gated_residual", "lower_fused_ops"]
-    assert resolve_enabled([]) == ["rms_norm", "qk_norm_rope", "adaln", "lower_fused_ops"]
-    assert resolve_enabled(["-rms_norm"]) == ["qk_norm_rope", "adaln", "lower_fused_ops"]
+    everything = ["rms_norm", "qk_norm_rope", "adaln", "gated_residual", "attention", "lower_fused_ops"]
+    assert resolve_enabled([]) == ["rms_norm", "qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
+    assert resolve_enabled(["-rms_norm"]) == ["qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
     assert resolve_enabled(["+gated_residual"]) == everything
     assert resolve_enabled(["none", "+rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["none,rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["-rms_norm", "all"]) == everything
     assert resolve_enabled(["all", "-qk_norm_rope"]) == [p for p in everything if p != "qk_norm_rope"]
-    passes = "rms_norm, qk_norm_rope, adaln, gated_residual, lower_fused_ops"
+    passes = "rms_norm, qk_norm_rope, adaln, gated_residual, attention, lower_fused_ops"
     with pytest.raises(ConfigError, match=f"unknown pass 'rms' in switch '-rms'; passes are {passes}"):
         resolve_enabled(["-rms"])
 
@@ -74,7 +74,8 @@ def test_env_switch_applies_on_top(monkeypatch):
     from omni_compile.platform import current_platform
 
     monkeypatch.setenv("OMNI_COMPILE_PASSES", "-rms_norm")
-    assert PassManager(CompileConfig(), current_platform("cpu")).enabled == ["qk_norm_rope", "adaln", "lower_fused_ops"]
+    enabled = PassManager(CompileConfig(), current_platform("cpu")).enabled
+    assert enabled == ["qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
 
 
 def test_kernel_choices(monkeypatch):

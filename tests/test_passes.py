@@ -240,13 +240,14 @@ def test_through_inductor(fresh_dynamo, no_inductor_cache, tmp_path):
         out = fn(x)
     assert rel_l2(out, rms64(x, norm.weight, 1e-6) + 1) < 1e-6
     (rec,) = state.records
-    assert rec.passes == {"rms_norm": 1, "adaln": 0, "lower_fused_ops": 1}  # the default passes
+    # the default passes
+    assert rec.passes == {"rms_norm": 1, "qk_norm_rope": 0, "adaln": 0, "attention": 0, "lower_fused_ops": 1}
     assert not rec.cache_hit
     dumps = sorted(p.name for p in tmp_path.rglob("*.py"))
-    stages = ["0.rms_norm", "1.adaln", "2.lower_fused_ops"]
+    stages = ["0.rms_norm", "1.qk_norm_rope", "2.adaln", "3.attention", "4.lower_fused_ops"]
     assert dumps == sorted([f"{s}.{w}.py" for s in stages for w in ("after", "before")] + ["dynamo_graph.py"])
     after = next(tmp_path.rglob("0.rms_norm.after.py")).read_text()
-    assert "omni_compile.rms_norm" not in next(tmp_path.rglob("2.lower_fused_ops.after.py")).read_text()
+    assert "omni_compile.rms_norm" not in next(tmp_path.rglob("4.lower_fused_ops.after.py")).read_text()
     assert "omni_compile.rms_norm" in after
     assert "omni_compile.rms_norm" not in next(tmp_path.rglob("0.rms_norm.before.py")).read_text()
     assert omni_compile.counters.regions_compiled >= 1
