@@ -67,7 +67,7 @@ def kernel_profile(step, device: str) -> dict:
             cat = "copy"
         elif any(k in name for k in ("gemm", "matmul", "cutlass", "sm90_xmma", "nvjet", "cublas")):
             cat = "gemm"
-        elif any(k in name for k in ("attention", "flash", "fmha", "cudnn", "sdpa")):
+        elif any(k in name for k in ("attention", "flash", "fmha", "cudnn", "sdpa", "attn")):
             cat = "attention"
         elif any(k in name for k in FUSED_KERNEL_NAMES):
             cat = "fused_ops"
@@ -114,14 +114,17 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
             torch.compiler.load_cache_artifacts(bundle.with_suffix(".stock").read_bytes())
         model.compile_repeated_blocks(fullgraph=True)
     elif mode.split("/")[0] in ("omni", "omni-warm"):
-        # "omni/all/*=triton": omni-compile with those pass switches and kernel choices (OP=IMPL).
+        # "omni/all/*=triton/attn=CUDNN_ATTN": omni-compile with those pass switches, kernel choices
+        # (OP=IMPL) and default attention backend (attn=NAME).
         base, *items = mode.split("/")
         switches = [i for i in items if "=" not in i]
-        kernels = dict(i.split("=", 1) for i in items if "=" in i)
+        choices = dict(i.split("=", 1) for i in items if "=" in i)
+        attention = {"default": {"backend": choices.pop("attn")}} if "attn" in choices else {}
+        kernels = choices
         if base == "omni-warm":
             info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
             del info
-        omni_compile.compile(model, omni_compile.CompileConfig(passes=switches, kernels=kernels))
+        omni_compile.compile(model, omni_compile.CompileConfig(passes=switches, kernels=kernels, attention=attention))
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -172,6 +175,7 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
             "cache_hits": sum(r.cache_hit for r in state.records),
             "pass_matches": {r.region: r.passes for r in state.records},
             "fused_op_implementations": {r.region: r.resolutions for r in state.records},
+            "attention": {r.region: r.attention for r in state.records},
             "pass_uuid": state.pass_uuid,
         }
         if mode == "omni":

@@ -1,0 +1,206 @@
+"""Attention microbenchmark: every backend that runs here, on the W1/W2 shapes and odd ones.
+
+For each shape (bf16, [B, S, H, D] as diffusers builds q/k/v) and backend it reports the median and
+[min-max] time of --reps calls after warm-up (CUDA events), TFLOP/s (4·B·H·Sq·Skv·D per call), and the
+error against a float64 reference computed on a subset of query rows (all keys): relative L2 and max
+abs. Backends:
+
+  sdpa          F.scaled_dot_product_attention, torch's own choice (TORCH_SDPA)
+  sdpa-cudnn    SDPA pinned to cuDNN (CUDNN_ATTN)
+  sdpa-flash    SDPA pinned to its FlashAttention-2 kernel
+  sdpa-efficient SDPA pinned to the memory-efficient kernel
+  flash         the installed FlashAttention package (FLASH_ATTN: FA3, FA4 or FA2), if any
+  triton        omni-compile's Triton kernel (TRITON_ATTN)
+  sage          omni-compile's INT8 Q·K kernel (SAGE_ATTN, lossy)
+
+    python bench/attention.py [--json rows.json] [--only W2] [--sweep] [--reps 20]
+    python bench/attention.py --device cpu --quick     # smoke test: tiny shapes, Triton interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    ap.add_argument("--only", default=None, help="run the shapes whose name contains this")
+    ap.add_argument("--backends", default=None, help="comma list (default: all that run here)")
+    ap.add_argument("--sweep", action="store_true", help="also time tiling variants of the Triton kernel")
+    ap.add_argument("--reps", type=int, default=None, help="timed calls (default 20 on CUDA, 2 on CPU)")
+    ap.add_argument("--ref-rows", type=int, default=256, help="query rows checked against float64")
+    ap.add_argument("--json", default=None, help="write every row to this file")
+    return ap.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.device == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+
+def shapes(quick: bool):
+    # name: (B, Sq, Skv, H, D)
+    if quick:
+        return {"tiny self": (1, 96, 96, 2, 64), "tiny cross": (1, 96, 8, 2, 64), "tiny odd": (1, 50, 50, 2, 72)}
+    return {
+        "W1 joint (FLUX 1024^2)": (1, 4608, 4608, 24, 128),
+        "W2 self (Wan 480p)": (1, 32760, 32760, 12, 128),
+        "W2 cross": (1, 32760, 512, 12, 128),
+        "W3 joint (FLUX 512^2)": (1, 1536, 1536, 24, 128),
+        "odd D=72 S=1000": (1, 1000, 1000, 8, 72),
+        "odd D=64 S=4097": (2, 4097, 4097, 8, 64),
+    }
+
+
+def _sdpa(backend):
+    def run(q, k, v, scale):
+        ctx = sdpa_kernel(backend) if backend is not None else _null()
+        with ctx:
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  scale=scale).transpose(1, 2)  # fmt: skip
+
+    return run
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def backends(device: str) -> dict:
+    """name -> (fn(q, k, v, scale) on [B, S, H, D], why it cannot run or None)."""
+    out = {"sdpa": (_sdpa(None), None)}
+    if device == "cuda":
+        out["sdpa-cudnn"] = (_sdpa(SDPBackend.CUDNN_ATTENTION), None)
+        out["sdpa-flash"] = (_sdpa(SDPBackend.FLASH_ATTENTION), None)
+        out["sdpa-efficient"] = (_sdpa(SDPBackend.EFFICIENT_ATTENTION), None)
+        from omni_compile.attention.backends import BACKENDS
+        from omni_compile.platform import current_platform
+
+        why = BACKENDS["FLASH_ATTN"].check(current_platform("cuda"), explicit=True)
+        if why is None:
+            from omni_compile.attention import flash
+
+            out["flash"] = (lambda q, k, v, s: flash.attention_flash(q, k, v, s), None)
+        else:
+            out["flash"] = (None, why)
+    from omni_compile.attention import sage, triton_attn
+
+    out["triton"] = (lambda q, k, v, s: triton_attn.attention_triton(q, k, v, None, s), None)
+    out["sage"] = (lambda q, k, v, s: sage.attention_sage_triton(q, k, v, None, s), None)
+    return out
+
+
+def reference(q, k, v, scale, rows):
+    """float64 attention of the first `rows` query rows, [B, rows, H, D]."""
+    qd, kd, vd = (t.double() for t in (q[:, :rows], k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vd)
+
+
+def timeit(fn, reps, device):
+    if device == "cpu":
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+        return times
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def main() -> int:
+    args = ARGS or parse_args()
+    dev = args.device
+    reps = args.reps or (20 if dev == "cuda" else 2)
+    torch.manual_seed(0)
+    table = backends(dev)
+    if args.backends:
+        table = {k: v for k, v in table.items() if k in args.backends.split(",")}
+    rows = []
+    for name, (B, Sq, Skv, H, D) in shapes(args.quick).items():
+        if args.only and args.only not in name:
+            continue
+        q = torch.randn(B, Sq, H, D, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(B, Skv, H, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(B, Skv, H, D, device=dev, dtype=torch.bfloat16)
+        scale = 1.0 / math.sqrt(D)
+        n_ref = min(args.ref_rows, Sq)
+        ref = reference(q, k, v, scale, n_ref)
+        flops = 4.0 * B * H * Sq * Skv * D
+        variants = [(b, fn, why, None) for b, (fn, why) in table.items()]
+        if args.sweep and dev == "cuda":
+            from omni_compile.attention import triton_attn
+
+            for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+                        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+                        {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+                        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}):  # fmt: skip
+                def run(q, k, v, s, cfg=cfg):
+                    out = q.new_empty(q.shape)
+                    return triton_attn._launch(q, k, v, None, s, out, config=cfg)
+
+                variants.append((f"triton {cfg}", run, None, cfg))
+        for backend, fn, why, cfg in variants:
+            row = {"shape": name, "B": B, "Sq": Sq, "Skv": Skv, "H": H, "D": D, "backend": backend}
+            if fn is None:
+                rows.append({**row, "skipped": why})
+                print(f"{name:<24} {backend:<16} skipped: {why}", file=sys.stderr)
+                continue
+            try:
+                out = fn(q, k, v, scale)
+                err = out[:, :n_ref].double() - ref
+                times = timeit(lambda: fn(q, k, v, scale), reps, dev)
+            except Exception as e:  # a backend that fails here is a result, not a crash of the whole table
+                rows.append({**row, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+                print(f"{name:<24} {backend:<16} ERROR {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                continue
+            med = statistics.median(times)
+            rows.append({**row, "median_ms": med, "min_ms": min(times), "max_ms": max(times), "n": len(times),
+                         "tflops": flops / med / 1e9, "rel_l2": float(err.norm() / ref.norm()),
+                         "max_abs": float(err.abs().max()), "finite": bool(out.isfinite().all())})  # fmt: skip
+            print(f"{name:<24} {backend:<16} done", file=sys.stderr, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}; bf16; "
+          f"median [min-max] of {reps}; error vs float64 on {args.ref_rows} query rows")  # fmt: skip
+    print(f"{'shape':<24} {'backend':<16} {'median ms':>10} {'min':>8} {'max':>8} {'TFLOP/s':>8} {'rel L2':>9} {'max abs':>9}")
+    for r in rows:
+        if "median_ms" not in r:
+            print(f"{r['shape']:<24} {r['backend'][:16]:<16} {r.get('skipped') or r.get('error')}")
+            continue
+        print(f"{r['shape']:<24} {r['backend'][:16]:<16} {r['median_ms']:10.3f} {r['min_ms']:8.3f} {r['max_ms']:8.3f} "
+              f"{r['tflops']:8.1f} {r['rel_l2']:9.2e} {r['max_abs']:9.2e}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
