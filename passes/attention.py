@@ -97,6 +97,31 @@ def _kernel_body(launcher):
     return body
 
 
+def _splice_external_call(out: torch.fx.Node, bound: dict, op) -> None:
+    """Replace `out` by `op(q, k, v, key_mask, scale)` on [B, S, H, D] views, as one call node (tracing
+    would run a triton_op's kernel on fake tensors)."""
+    graph = out.graph
+
+    names = [n for n in ("q", "k", "v", "mask") if bound[n] is not None]
+
+    def prepare(*tensors):
+        q, k, v, mask = (*tensors, None)[:4]
+        return _to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q)
+
+    traced = fake_trace(prepare, [bound[n].meta["val"] for n in names])
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    with graph.inserting_before(out):
+        args = graph.graph_copy(traced.graph, {ph: bound[n] for ph, n in zip(placeholders, names)})
+        args = list(args) if len(names) == 4 else [*args[:3], None]
+        call = graph.call_function(op, (*args, bound["scale"]))
+        qv = args[0].meta["val"]
+        call.meta["val"] = qv.new_empty(qv.shape)
+        result = graph.call_function(aten.permute.default, (call, [0, 2, 1, 3]))
+        result.meta["val"] = call.meta["val"].permute(0, 2, 1, 3)
+    out.replace_all_uses_with(result)
+    graph.erase_node(out)
+
+
 class AttentionPass(OmniPass):
     """Replaces SDPA calls by the attention backend chosen for their role (CUDNN, FLASH, TRITON, SAGE)."""
 
@@ -159,7 +184,11 @@ class AttentionPass(OmniPass):
             return 1
         scale = kw.get("scale")
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim)
-        splice_body(out, {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}, body, trace)
+        bound = {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}
+        if trace is None:  # an op that must stay one call node (a triton_op on the CPU interpreter)
+            _splice_external_call(out, bound, body)
+        else:
+            splice_body(out, bound, body, trace)
         return 1
 
     def _body(self, backend: str, node: torch.fx.Node):
@@ -181,7 +210,7 @@ class AttentionPass(OmniPass):
             else (sage, torch.ops.omni_compile.attention_sage_triton.default)
         )
         if self.platform.kind == "cpu":  # the interpreter: the triton_op, as an external call
-            return _kernel_body(op), fake_trace
+            return op, None
         launcher = module._attention_impl if backend == "TRITON_ATTN" else module._sage_impl
         return _kernel_body(launcher), functional_trace
 

@@ -40,11 +40,30 @@ def launcher(kernel):
     """`kernel[grid]` callable through `torch.library.wrap_triton`, so triton_op tracing sees the launch.
 
     torch releases older than 2.13 reject an InterpretedFunction in wrap_triton; under the interpreter
-    (CPU tests) the kernel is launched directly, which is what wrap_triton does there anyway in eager.
+    (CPU tests) the kernel is launched directly, which is what wrap_triton does there anyway in eager,
+    except on fake tensors: Inductor propagates shapes through a triton_op by running it on fake tensors,
+    and then the launch is skipped (the launchers allocate their outputs before launching).
     """
     if isinstance(kernel, InterpretedFunction):
-        return kernel
+        return _InterpretedLauncher(kernel)
     return torch.library.wrap_triton(kernel)
+
+
+class _InterpretedLauncher:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            from torch._subclasses.fake_tensor import is_fake
+
+            if any(isinstance(a, torch.Tensor) and is_fake(a) for a in (*args, *kwargs.values())):
+                return None
+            return run(*args, **kwargs)
+
+        return launch
 
 
 @triton.jit
