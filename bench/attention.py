@@ -188,6 +188,8 @@ def main() -> int:
                          "tflops": flops / med / 1e9, "rel_l2": float(err.norm() / ref.norm()),
                          "max_abs": float(err.abs().max()), "finite": bool(out.isfinite().all())})  # fmt: skip
             print(f"{name:<24} {backend:<16} done", file=sys.stderr, flush=True)
+        if args.json:  # after every shape, so a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}; bf16; "

@@ -243,9 +243,9 @@ def main() -> int:
             )
             if "error" in res:
                 print(res["error"], file=sys.stderr)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+            if args.json:  # after every mode, so a run cut short keeps what it measured
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     return 1 if any("error" in r for r in results) else 0
 
