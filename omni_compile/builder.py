@@ -177,12 +177,36 @@ def _load_cache_bundle(path: Path) -> dict[str, Any]:
         info = torch.compiler.load_cache_artifacts(data)
     except Exception as e:  # a foreign or corrupt bundle is a user-facing problem
         raise OmniCompileError(f"--cache-from {bundle}: cannot load the Inductor cache bundle ({e})") from None
+    seeded = _seed_pass_logs(path / REPORT) if path.is_dir() else 0
     return {
         "path": str(bundle),
         "bytes": len(data),
+        "pass_logs": seeded,
         "load_seconds": round(time.perf_counter() - t0, 3),
         "artifacts": _cache_info(info),
     }
+
+
+def _seed_pass_logs(report_path: Path) -> int:
+    """Seed `pass_log_cache` from a previous build's report (its regions' compiles and pass uuid), so a
+    warm start, whose Inductor cache hits skip the passes, reports what they matched. Returns the
+    number of entries; a missing or unreadable report seeds none (the build report then shows those
+    compiles' passes as unknown)."""
+    from omni_compile.compiler import pass_log_cache
+
+    try:
+        report = json.loads(report_path.read_text())
+        uuid = report["passes"]["uuid"]
+        compiles = [c for r in report["regions"] for c in r["compiles"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    n = 0
+    for c in compiles:
+        if isinstance(c, dict) and isinstance(c.get("passes"), dict) and c.get("graph_hash"):
+            entry = {k: c.get(k) or {} for k in ("passes", "fused_op_implementations", "attention")}
+            pass_log_cache.put(c["graph_hash"], uuid, entry, persist=False)
+            n += 1
+    return n
 
 
 def _cache_info(info) -> dict[str, int]:

@@ -10,7 +10,10 @@ cache hits). The model keeps its forward signature, so it drops into a diffusers
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +52,8 @@ class RegionCompile:
     pass_seconds: float
     resolutions: dict[str, dict]
     attention: dict[str, dict] = field(default_factory=dict)  # role -> backend, reason, count
+    # False for an Inductor cache hit whose pass log was not found (`PassLogCache`): passes unknown.
+    passes_known: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,12 +61,74 @@ class RegionCompile:
             "graph_hash": self.graph_hash,
             "seconds": round(self.seconds, 3),
             "cache_hit": self.cache_hit,
-            "passes": None if self.cache_hit else self.passes,
+            "passes": self.passes if self.passes_known else None,
             "pass_seconds": round(self.pass_seconds, 4),
             "fused_op_implementations": self.resolutions,
             "attention": self.attention,
             "tensor_inputs": sum(1 for s in self.inputs if s[0] == "tensor"),
         }
+
+
+class PassLogCache:
+    """What the passes did to each compiled graph, by (graph hash, pass uuid).
+
+    An Inductor FX-graph cache hit skips the post-grad passes, so without this a warm compile would
+    report no matches and no kernel choices. A cold compile records its pass log here: in memory and
+    as a small JSON file under Inductor's cache directory (`omni_compile/pass_logs/`), so a later
+    process sharing that directory finds it; `omni-compile build --cache-from DIR` seeds it from DIR's
+    build report, so a warm start from a bundle reports what the cold build matched. The pass uuid
+    covers the enabled passes, their options, kernel choices, attention config and platform, so an
+    entry is only found for a graph the same passes would have rewritten the same way.
+    """
+
+    def __init__(self):
+        self.entries: dict[str, dict] = {}
+
+    @staticmethod
+    def key(ghash: str, pass_uuid: str) -> str:
+        return hashlib.sha256(f"{ghash}|{pass_uuid}|{torch.__version__}".encode()).hexdigest()
+
+    @staticmethod
+    def _dir() -> Path | None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            return Path(cache_dir()) / "omni_compile" / "pass_logs"
+        except Exception:  # a torch without it: memory only
+            return None
+
+    def put(self, ghash: str, pass_uuid: str, entry: dict, persist: bool = True) -> None:
+        key = self.key(ghash, pass_uuid)
+        self.entries[key] = entry
+        root = self._dir() if persist else None
+        if root is None:
+            return
+        try:  # a cache we cannot write costs only the warm report's detail, never the build
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(entry))
+            tmp.replace(root / f"{key}.json")
+        except OSError as e:
+            logger.debug("could not record the pass log in %s: %s", root, e)
+
+    def get(self, ghash: str, pass_uuid: str) -> dict | None:
+        key = self.key(ghash, pass_uuid)
+        if key in self.entries:
+            return self.entries[key]
+        root = self._dir()
+        if root is None:
+            return None
+        try:
+            entry = json.loads((root / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("passes"), dict):
+            return None
+        self.entries[key] = entry
+        return entry
+
+
+pass_log_cache = PassLogCache()
 
 
 @dataclass
@@ -116,6 +183,16 @@ class RegionBackend:
         )
         if record.cache_hit:
             counters.region_cache_hits += 1
+            known = pass_log_cache.get(ghash, self.state.pass_uuid)
+            if known is None:
+                record.passes_known = False
+            else:
+                record.passes = dict(known["passes"])
+                record.resolutions = {k: dict(v) for k, v in known.get("fused_op_implementations", {}).items()}
+                record.attention = {k: dict(v) for k, v in known.get("attention", {}).items()}
+        else:
+            entry = {"passes": record.passes, "fused_op_implementations": record.resolutions, "attention": record.attention}
+            pass_log_cache.put(ghash, self.state.pass_uuid, entry)
         self.state.records.append(record)
         logger.info("compiled %s in %.2fs%s", label, record.seconds, " (cache hit)" if record.cache_hit else "")
         if self.state.on_region_compiled:

@@ -109,7 +109,14 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
     assert proc.returncode == 0, proc.stderr
     warm = json.loads(proc.stdout)
     assert warm["totals"]["region_compiles"] == 2 and warm["totals"]["cache_hits"] == 2
-    assert warm["warm_start"]["bytes"] == report["cache_bundle"]["bytes"]
+    assert warm["warm_start"]["bytes"] == report["cache_bundle"]["bytes"] and warm["warm_start"]["pass_logs"] == 2
+    # Cache hits skip the passes; the report still says what they matched (seeded from the cold report).
+    assert warm["passes"]["matches"] == matches
+    assert warm["fused_op_implementations"] == implementations
+    assert warm["attention"]["per_role"] == report["attention"]["per_role"]
+    assert [c["passes"] for r in warm["regions"] for c in r["compiles"]] == [
+        c["passes"] for r in report["regions"] for c in r["compiles"]
+    ]
     assert [c["graph_hash"] for r in warm["regions"] for c in r["compiles"]] == [
         c["graph_hash"] for r in report["regions"] for c in r["compiles"]
     ]

@@ -253,6 +253,44 @@ def test_through_inductor(fresh_dynamo, no_inductor_cache, tmp_path):
     assert omni_compile.counters.regions_compiled >= 1
 
 
+def test_cache_hit_reports_what_the_passes_did(fresh_dynamo, monkeypatch, tmp_path):
+    """An Inductor cache hit skips the post-grad passes; the record still carries the cold compile's
+    matches and kernel choices (from the pass-log file beside Inductor's cache), or says they are unknown."""
+    from torch._inductor import config as inductor_config
+
+    from omni_compile.compiler import CompileState, RegionBackend, pass_log_cache
+    from omni_compile.graphs.regions import Region
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
+    monkeypatch.setattr(pass_log_cache, "entries", {})
+    norm = torch.nn.RMSNorm(32, eps=1e-6)
+    x = torch.randn(4, 32)
+
+    def compile_once():
+        torch._dynamo.reset()
+        config = CompileConfig()
+        state = CompileState(config, CPU, PassManager(config, CPU), regions=[])
+        fn = torch.compile(lambda t: norm(t) * 2, backend=RegionBackend(Region("norm", torch.nn.RMSNorm, "h"), state))
+        with torch.no_grad():
+            fn(x)
+        (rec,) = state.records
+        return rec
+
+    cold = compile_once()
+    assert not cold.cache_hit and cold.passes["rms_norm"] == 1 and cold.resolutions["rms_norm"]["count"] == 1
+    assert len(list((tmp_path / "inductor" / "omni_compile" / "pass_logs").glob("*.json"))) == 1
+    pass_log_cache.entries.clear()  # a new process: only the file is left
+    warm = compile_once()
+    assert warm.cache_hit and warm.passes == cold.passes and warm.resolutions == cold.resolutions
+    assert warm.to_json()["passes"] == cold.passes
+    for f in (tmp_path / "inductor" / "omni_compile" / "pass_logs").glob("*.json"):
+        f.unlink()
+    pass_log_cache.entries.clear()
+    lost = compile_once()
+    assert lost.cache_hit and not lost.passes_known and lost.to_json()["passes"] is None
+
+
 def test_checks_reject_matches_whose_arguments_are_literals():
     """Inductor re-checks a match with literal arguments folded in (e.g. `x + gate * 0.5`), so a
     check can see its keyword arguments missing or not nodes: it must say no, not raise (a KeyError
