@@ -339,7 +339,7 @@ def test_attention_config_changes_the_pass_uuid():
 
 GPU_SHAPES = {"W1": (1, 4608, 4608, 24, 128), "W2 cross": (1, 32760, 512, 12, 128), "odd": (2, 1000, 777, 8, 72)}
 # Relative L2 error against float64 each backend must stay within (bf16 inputs); SAGE_ATTN is lossy.
-BOUNDS = {"CUDNN_ATTN": 1e-2, "FLASH_ATTN": 1e-2, "TRITON_ATTN": 1e-2, "TORCH_SDPA": 1e-2, "SAGE_ATTN": 5e-2}
+BOUNDS = {"CUDNN_ATTN": 1e-2, "FLASH_ATTN": 1e-2, "TRITON_ATTN": 1e-2, "TORCH_SDPA": 1e-2, "SAGE_ATTN": 3e-2}
 
 
 def _backend_fn(name):

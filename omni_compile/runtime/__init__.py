@@ -1,0 +1,5 @@
+"""Runtime wrappers around a loaded model: `CudaGraphForward` (CUDA graph capture and replay per bucket)."""
+
+from omni_compile.runtime.cuda_graphs import CudaGraphForward
+
+__all__ = ["CudaGraphForward"]
