@@ -1,7 +1,8 @@
 """omni-compile: a compiler-driven runtime for diffusion transformers, on torch.compile.
 
 Public API: `compile(model, config)` (regional JIT compile with our passes), `uncompile(model)`,
-`compile_state(model)`, `build(options)` (the `omni-compile build` driver), `CompileConfig`,
+`compile_state(model)`, `build(options)` (the `omni-compile build` driver), `load(artifact, weights=...)`
+(a prebuilt artifact, no compilation), `CompileConfig`,
 `ShapeBucket`, `counters`. Attributes load lazily, so `import omni_compile` stays cheap.
 """
 
@@ -17,6 +18,8 @@ _EXPORTS = {
     "uncompile": "omni_compile.compiler",
     "build": "omni_compile.builder",
     "BuildOptions": "omni_compile.builder",
+    "load": "omni_compile.artifact.load",
+    "ArtifactError": "omni_compile.artifact.manifest",
     "ConfigError": "omni_compile.errors",
     "OmniCompileError": "omni_compile.errors",
 }

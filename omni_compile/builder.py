@@ -53,6 +53,7 @@ class BuildOptions:
     compile: CompileConfig = field(default_factory=CompileConfig)
     cache_from: str | None = None
     force: bool = False
+    mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
 
 
 @dataclass
@@ -86,6 +87,12 @@ def _sync(device: str) -> None:
 
 def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
     events = events or BuildEvents()
+    if opts.mode not in ("aot", "jit"):
+        raise ConfigError(f"unknown build mode {opts.mode!r}; use aot (a prebuilt artifact) or jit")
+    if opts.mode == "aot":
+        from omni_compile.artifact.build import build_artifact
+
+        return build_artifact(opts, events)
     t_start = time.perf_counter()
     spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
     dtype = parse_dtype(opts.dtype or spec.default_dtype)

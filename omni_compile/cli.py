@@ -88,7 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--config", help="CompileConfig as JSON (inline or a file); --passes apply on top")
     b.add_argument("--dump-graphs", metavar="DIR", help="write each region's graphs before/after every pass to DIR")
-    b.add_argument("--cache-from", metavar="DIR", help="warm-start from the Inductor cache bundle of an earlier build")
+    b.add_argument("--cache-from", metavar="DIR", help="(--mode jit) warm-start from an earlier JIT build's cache bundle")
+    b.add_argument(
+        "--mode",
+        choices=("aot", "jit"),
+        default="aot",
+        help="aot (default): a prebuilt artifact that `omni_compile.load` runs without compiling; "
+        "jit: a build report and Inductor's cache bundle",
+    )
     b.add_argument("--seed", type=int, default=0, help="seed for random weights and example inputs (default 0)")
     b.add_argument("--text-len", type=int, help="text tokens per prompt in the example inputs (default: the preset's)")
     b.add_argument("--model-config", help="model config overrides as JSON (presets, module:Class)")
@@ -98,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
+    v = sub.add_parser("verify", help="check an artifact here (platform, checksums, weights) and run one step against eager")
+    v.add_argument("artifact", help="an artifact directory written by `omni-compile build`")
+    v.add_argument("--device", help="device to load on (default: the one it was built for)")
+    v.add_argument("--jit-fallback", action="store_true", help="on a platform mismatch, compile here instead of refusing")
+    v.add_argument("--no-cuda-graphs", action="store_true", help="run the parity step without CUDA graphs")
+    v.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     sub.add_parser("models", help="list model presets")
     sub.add_parser("passes", help="list graph passes and their defaults")
     a = sub.add_parser("attention", help="list attention backends and what each needs on this machine")
@@ -144,6 +157,7 @@ def _cmd_build(args, console) -> int:
         compile=config,
         cache_from=args.cache_from,
         force=args.force,
+        mode=args.mode,
     )
     log = (lambda *a, **k: None) if args.quiet else console.print
 
@@ -160,9 +174,57 @@ def _cmd_build(args, console) -> int:
     report = build(opts, events)
     if args.json:
         print(json.dumps(report, indent=2))
+    elif opts.mode == "aot":
+        _print_artifact_summary(console, report, out)
     else:
         _print_summary(console, report, out)
     return 0
+
+
+def _print_artifact_summary(console, manifest, out) -> None:
+    from rich.table import Table
+
+    b = manifest["build"]
+    t = Table(title=f"omni-compile build: {manifest['model']['source']} ({b['dtype']}, {b['device']}), artifact")
+    for col in ("region", "kind", "instances", "files", "compile s", "pass matches"):
+        t.add_column(col, justify="left" if col in ("region", "kind", "pass matches") else "right")
+    for r in manifest["regions"]:
+        files = {e["file"]: e for entries in r["buckets"].values() for e in entries}
+        matches: dict[str, int] = {}
+        for e in files.values():
+            for k, n in e["passes"].items():
+                matches[k] = matches.get(k, 0) + n
+        t.add_row(r["name"], r["kind"], str(len(r["instances"])), str(len(files)),
+                  f"{sum(e['compile_seconds'] for e in files.values()):.2f}",
+                  ", ".join(f"{k}={n}" for k, n in matches.items() if n) or "-")  # fmt: skip
+    console.print(t)
+    tm = manifest["timing"]
+    console.print(
+        f"{tm['compile_seconds']:.1f}s compiling, {tm['wall_seconds']:.1f}s total; parity vs eager: "
+        + ", ".join(f"{k} rel L2 {v['rel_l2_vs_eager']:.1e}" for k, v in manifest["parity"].items())
+    )
+    for name, res in manifest["fusion"]["fused_op_implementations"].items():
+        console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
+    for role, res in manifest["attention"]["per_role"].items():
+        console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
+    console.print(f"wrote {out}/manifest.json ({len(manifest['regions'])} regions); load it with omni_compile.load({out!r})")
+
+
+def _cmd_verify(args, console) -> int:
+    from omni_compile.artifact.load import verify
+
+    result = verify(args.artifact, device=args.device, jit_fallback=args.jit_fallback,
+                    cuda_graphs=False if args.no_cuda_graphs else None)  # fmt: skip
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for line in result["checks"]:
+            console.print(f"[green]ok[/] {line}")
+        console.print(
+            f"parity step vs eager: " + ", ".join(f"{k} rel L2 {v:.2e}" for k, v in result["parity"].items())
+            + f" (bound {result['bound']:.0e}); {result['compilations']} compilation(s) while loading and running"
+        )
+    return 0 if result["ok"] else 1
 
 
 def _print_summary(console, report, out) -> None:
@@ -262,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             return _cmd_build(args, console)
+        if args.command == "verify":
+            return _cmd_verify(args, console)
         if args.command == "models":
             return _cmd_models(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
         if args.command == "passes":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
+import re
 
 import torch
 from torch.fx.operator_schemas import normalize_function
@@ -53,13 +54,27 @@ def _sdpa_targets() -> set:
 def _module_path(node: torch.fx.Node) -> str:
     """The attention module's path inside the block, e.g. 'attn1' (from "L['self'].attn1")."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
+    path = list(stack.values())[-1][0] if stack else ""
     for prefix in ("L['self'].", "L['self']", "self."):
         if path.startswith(prefix):
-            return path[len(prefix) :]
-    return path
+            path = path[len(prefix) :]
+            break
+    return path or _path_from_stack_trace(node.meta.get("stack_trace") or "")
+
+
+_SELF_CALL = re.compile(r"self\.([A-Za-z_]\w*)\(")
+
+
+def _path_from_stack_trace(trace: str) -> str:
+    """The attribute the block called its attention module through ('attn1' from a frame whose line is
+    `attn_output = self.attn1(...)`). The ahead-of-time export (omni_compile/artifact/aot.py) traces a
+    block that is not a registered submodule of the exported root, so its nodes carry no module paths;
+    their stack traces still show the call line of the outermost module that made the call."""
+    for line in trace.splitlines():
+        m = _SELF_CALL.search(line)
+        if m and not line.lstrip().startswith("File "):
+            return m.group(1)
+    return ""
 
 
 def _mask_kind(mask, q, k) -> str | None:

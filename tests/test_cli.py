@@ -73,7 +73,7 @@ def test_models_and_passes_lists(subprocess_env):
 def test_build_then_warm_start(subprocess_env, tmp_path):
     cold_out, warm_out = tmp_path / "cold", tmp_path / "warm"
     env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache-a"))
-    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--out", str(cold_out), env=env)
+    proc = cli("build", "flux-tiny", "--mode", "jit", "--shapes", "64x64", "--out", str(cold_out), env=env)
     assert proc.returncode == 0, proc.stderr
     assert "compiled FluxTransformerBlock" in proc.stderr and "wrote" in proc.stderr  # progress and summary
     report = json.loads((cold_out / "build_report.json").read_text())
@@ -96,6 +96,8 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
     proc = cli(
         "build",
         "flux-tiny",
+        "--mode",
+        "jit",
         "--shapes",
         "64x64",
         "--out",
@@ -127,6 +129,8 @@ def test_build_generic_model(subprocess_env, tmp_path):
     env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(TESTS), subprocess_env.get("PYTHONPATH", "")]))
     args = [
         "build",
+        "--mode",
+        "jit",
         "diffusers:LTXVideoTransformer3DModel",
         "--example-inputs",
         "generic_model:ltx_inputs",

@@ -1,0 +1,201 @@
+"""Ahead-of-time compilation of regions: one AOTInductor package per (region, call signature).
+
+A region is a repeated block class (`graphs.regions`) or a piece of glue: a direct child module of the
+transformer that holds no block (FLUX's `x_embedder`, `time_text_embed`, `pos_embed`, `norm_out`,
+`proj_out`, ...). One forward of the model per shape bucket records, through forward pre-hooks, the
+arguments each instance is called with. For each distinct call signature (tensor shapes, strides and
+dtypes, other values, pytree structure) the first instance's module is exported with its parameters
+and buffers as inputs (`torch.func.functional_call` under `torch.export`), so one package serves every
+instance; Inductor compiles it with our pass manager as the post-grad pass and packages it
+(`torch._inductor.aoti_compile_and_package`). Loading a package (`aoti_load_package`) runs no Dynamo
+and no Inductor: it maps a shared library.
+
+The few tensor operations of the transformer's own `forward` between those modules (concatenations,
+reshapes, the timestep scale) stay in Python; CUDA graphs (`runtime.cuda_graphs`) capture them with
+the rest of the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from omni_compile.compiler import _canonical_strides
+from omni_compile.passes import PassLog, PassManager
+
+logger = logging.getLogger("omni_compile.artifact")
+
+
+def canonical_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Size-1 dims get canonical strides (free views), as the JIT path does: one signature per layout."""
+    return tuple(_canonical_strides(a) for a in args), {k: _canonical_strides(v) for k, v in kwargs.items()}
+
+
+def call_key(args: tuple, kwargs: dict) -> tuple:
+    """A hashable description of one call: pytree structure, then per leaf (shape, stride, dtype,
+    device) for tensors or (type, repr) otherwise. kwargs are keyed by name, in sorted order."""
+    leaves, spec = pytree.tree_flatten((args, dict(sorted(kwargs.items()))))
+    out = [str(spec)]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            out.append((tuple(x.shape), tuple(x.stride()), str(x.dtype), x.device.type))
+        else:
+            out.append((type(x).__name__, repr(x)))
+    return tuple(out)
+
+
+def signature_id(key: tuple) -> str:
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+
+
+def describe_key(key: tuple) -> str:
+    """'1x16x32 fp32, 1x8x32 fp32, None' for the tensor leaves and values of a call key."""
+    parts = []
+    for leaf in key[1:]:
+        if len(leaf) == 4:
+            parts.append("x".join(map(str, leaf[0])) or "scalar")
+        else:
+            parts.append(leaf[1])
+    return ", ".join(parts)
+
+
+@dataclass
+class Target:
+    """A module class compiled as one region: its instances (path, module) in model order."""
+
+    name: str
+    kind: str  # "block" or "glue"
+    instances: list[tuple[str, nn.Module]]
+
+
+@dataclass
+class CallRecord:
+    """The calls seen for one target: signature id -> example (args, kwargs), key, buckets, instances."""
+
+    examples: dict[str, tuple[tuple, dict]] = field(default_factory=dict)
+    keys: dict[str, tuple] = field(default_factory=dict)
+    buckets: dict[str, list[str]] = field(default_factory=dict)  # bucket -> signature ids (call order)
+    instances: dict[str, list[str]] = field(default_factory=dict)  # signature id -> instance paths
+
+
+def glue_targets(model: nn.Module, block_paths: set[str]) -> list[Target]:
+    """Direct children of `model` that hold no block instance (and have parameters or buffers or are
+    called: an uncalled child is dropped after the recording forward)."""
+    out = []
+    for name, child in model.named_children():
+        inside = any(p == name or p.startswith(name + ".") for p in block_paths)
+        if not inside:
+            out.append(Target(name=name, kind="glue", instances=[(name, child)]))
+    return out
+
+
+class CallRecorder:
+    """Forward pre-hooks on every instance of every target, recording calls per bucket."""
+
+    def __init__(self, targets: list[Target]):
+        self.targets = targets
+        self.records = {t.name: CallRecord() for t in targets}
+        self.bucket = None
+        self._handles = []
+
+    def __enter__(self):
+        for t in self.targets:
+            for path, module in t.instances:
+                self._handles.append(module.register_forward_pre_hook(self._hook(t.name, path), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        return False
+
+    def _hook(self, target: str, path: str):
+        def hook(module, args, kwargs):
+            args, kwargs = canonical_call(args, kwargs)
+            key = call_key(args, kwargs)
+            sig = signature_id(key)
+            rec = self.records[target]
+            if sig not in rec.examples:
+                rec.examples[sig] = (args, kwargs)
+                rec.keys[sig] = key
+            seen = rec.buckets.setdefault(self.bucket, [])
+            if sig not in seen:
+                seen.append(sig)
+            paths = rec.instances.setdefault(sig, [])
+            if path not in paths:
+                paths.append(path)
+            return args, kwargs
+
+        return hook
+
+
+def module_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by name: what a compiled region takes as its first input."""
+    state = dict(module.named_parameters())
+    state.update(dict(module.named_buffers()))
+    return state
+
+
+class _Functional(nn.Module):
+    """`module` with its parameters and buffers as inputs. The module is held, not registered, so the
+    exported program owns no weights: every instance's tensors come in as arguments."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "_target", module)
+
+    def forward(self, state, args, kwargs):
+        return torch.func.functional_call(self._target, state, args, kwargs, strict=True)
+
+
+@dataclass
+class CompiledFile:
+    file: str
+    sha256: str
+    graph_hash: str
+    seconds: float
+    passes: dict[str, int]
+    resolutions: dict[str, dict]
+    attention: dict[str, dict]
+
+
+def compile_package(
+    module: nn.Module, example: tuple[tuple, dict], path: Path, pass_manager: PassManager, label: str
+) -> CompiledFile:
+    """Export `module` at `example` with its state as an input and AOT-compile it into `path` (.pt2)."""
+    from omni_compile.artifact.manifest import sha256_file
+
+    args, kwargs = example
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        ep = torch.export.export(_Functional(module), (module_state(module), args, kwargs), strict=False)
+    graph_hash = hashlib.sha256(ep.graph_module.code.encode()).hexdigest()
+    log = PassLog(label=label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pass_manager.recording(log):
+        torch._inductor.aoti_compile_and_package(
+            ep, package_path=str(path), inductor_configs={"post_grad_custom_post_pass": pass_manager}
+        )
+    return CompiledFile(
+        file=str(path),
+        sha256=sha256_file(path),
+        graph_hash=graph_hash,
+        seconds=time.perf_counter() - t0,
+        passes=log.matches(),
+        resolutions=log.resolutions,
+        attention=log.attention,
+    )
+
+
+def json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))

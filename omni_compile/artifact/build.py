@@ -1,0 +1,273 @@
+"""`omni-compile build` in artifact mode: compile every region x bucket ahead of time and publish.
+
+Steps: resolve the model and buckets (errors before any slow work), load it, record each target's
+calls with one eager forward per bucket (`aot.CallRecorder`), compile one AOTInductor package per
+(target, signature), check the packages against the eager forward on every bucket, and publish the
+directory under a temporary name renamed into place (a failed build leaves nothing behind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import omni_compile
+from omni_compile.artifact import aot
+from omni_compile.artifact.manifest import MANIFEST, SCHEMA, platform_record, weights_summary
+from omni_compile.config import ShapeBucket, dtype_name, parse_dtype
+from omni_compile.errors import ConfigError, OmniCompileError
+from omni_compile.graphs import find_regions
+from omni_compile.models import resolve_model
+from omni_compile.passes.lower_fused_ops import record_resolution
+from omni_compile.platform import current_platform
+
+logger = logging.getLogger("omni_compile.artifact")
+
+REPORT_DIR = "report"
+
+
+def _bucket_output(output):
+    return output[0] if isinstance(output, (tuple, list)) else getattr(output, "sample", output)
+
+
+def build_artifact(opts, events) -> dict[str, Any]:
+    """Build the artifact described by `opts` (a `builder.BuildOptions`); returns the manifest."""
+    from omni_compile.builder import _check_out, _resolve_device, _sync
+    from omni_compile.compiler import make_pass_manager
+
+    t_start = time.perf_counter()
+    if opts.cache_from:
+        raise ConfigError("--cache-from warm-starts a JIT build; use it with --mode jit")
+    spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
+    dtype = parse_dtype(opts.dtype or spec.default_dtype)
+    device = _resolve_device(opts.device, spec.default_device)
+    shapes = opts.shapes or spec.default_shapes
+    if not shapes:
+        raise ConfigError(f"{spec.source} has no default shapes; pass --shapes (e.g. 1024x1024)")
+    buckets = ShapeBucket.parse_list(shapes)
+    for bucket in buckets:
+        spec.adapter.check_bucket(bucket)
+    platform = current_platform(device)
+    pm = make_pass_manager(opts.compile, platform, spec.adapter)
+    if opts.out is None:
+        raise ConfigError("an artifact build needs --out DIR")
+    out = Path(opts.out)
+    _check_out(out, opts.force)
+
+    events.on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
+    t0 = time.perf_counter()
+    model = spec.load(dtype=dtype, device=device, seed=opts.seed)
+    _sync(device)
+    load_seconds = time.perf_counter() - t0
+
+    regions = find_regions(model, spec.adapter.block_names(model) or None)
+    if not regions:
+        raise OmniCompileError(f"{spec.source}: no repeated blocks found; nothing to compile ahead of time")
+    targets = [aot.Target(r.name, "block", list(r.instances)) for r in regions]
+    targets += aot.glue_targets(model, {p for r in regions for p in r.paths})
+    events.on_stage(
+        f"{len(regions)} region(s): " + ", ".join(f"{r.name} x{len(r.instances)}" for r in regions)
+        + f"; glue: {', '.join(t.name for t in targets if t.kind == 'glue') or 'none'}"
+        + f"; passes: {', '.join(pm.enabled) or 'none'}"
+    )
+
+    # 1. Record the calls of every target, and the eager output per bucket (the parity reference).
+    text_len = opts.text_len or spec.text_len
+    recorder = aot.CallRecorder(targets)
+    references = {}
+    with recorder, torch.no_grad():
+        for bucket in buckets:
+            recorder.bucket = str(bucket)
+            inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device, text_len=text_len,
+                                                 seed=opts.seed)  # fmt: skip
+            references[str(bucket)] = (inputs, _bucket_output(model(**inputs)).clone())
+    targets = [t for t in targets if recorder.records[t.name].examples]  # glue never called is not compiled
+
+    # 2. Compile one package per (target, signature) into a temporary directory beside `out`.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        jobs = [(t, sig) for t in targets for sig in recorder.records[t.name].examples]
+        compiled: dict[tuple[str, str], aot.CompiledFile] = {}
+        for i, (t, sig) in enumerate(jobs, 1):
+            rec = recorder.records[t.name]
+            module = dict(t.instances)[rec.instances[sig][0]]
+            rel = Path("regions") / t.name / f"{sig}.pt2"
+            label = f"{t.name}@{sig}"
+            events.on_stage(f"compiling {t.kind} {t.name} [{aot.describe_key(rec.keys[sig])}] ({i}/{len(jobs)})")
+            try:
+                cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label)
+            except Exception as e:
+                if t.kind == "block":
+                    raise OmniCompileError(f"ahead-of-time compile of region {t.name} failed: {type(e).__name__}: {e}") from e
+                raise OmniCompileError(
+                    f"ahead-of-time compile of the glue module {t.name!r} failed: {type(e).__name__}: {e}"
+                ) from e
+            cf.file = str(rel)
+            compiled[(t.name, sig)] = cf
+            logger.info("compiled %s in %.2fs", label, cf.seconds)
+        records = recorder.records
+        for rec in records.values():
+            rec.examples.clear()  # drop the recorded example tensors
+
+        manifest = _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets)
+
+        # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
+        from omni_compile.artifact.load import install
+
+        events.on_stage("checking the compiled artifact against eager on every bucket")
+        installed = install(model, manifest, tmp)
+        parity = {}
+        with torch.no_grad():
+            for bucket, (inputs, ref) in references.items():
+                got = _bucket_output(model(**inputs))
+                err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+                parity[bucket] = {"rel_l2_vs_eager": err, "finite": bool(torch.isfinite(got).all()),
+                                  "output_shape": list(got.shape)}  # fmt: skip
+        installed.uninstall()
+        bad = [b for b, p in parity.items() if not p["finite"] or p["rel_l2_vs_eager"] > PARITY_BOUND[dtype]]
+        if bad:
+            raise OmniCompileError(
+                "the compiled artifact does not match eager on bucket(s) "
+                + ", ".join(f"{b} (rel L2 {parity[b]['rel_l2_vs_eager']:.2e})" for b in bad)
+                + f"; bound {PARITY_BOUND[dtype]:.0e} for {dtype_name(dtype)}. Nothing was published; "
+                "rebuild with --passes=none to see whether a pass is the cause"
+            )
+        manifest["parity"] = parity
+        manifest["timing"] = {
+            "model_load_seconds": round(load_seconds, 3),
+            "compile_seconds": round(sum(c.seconds for c in compiled.values()), 3),
+            "wall_seconds": round(time.perf_counter() - t_start, 3),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / REPORT_DIR).mkdir(exist_ok=True)
+        (tmp / REPORT_DIR / "build_report.json").write_text(json.dumps(_report(manifest, compiled), indent=2) + "\n")
+        _publish(tmp, out, opts.force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+# Relative L2 of the artifact's output against eager that a build accepts (bf16 rounds where the
+# fused kernels round the unfused graph's bf16 tensors; fp32 differs only by reassociation).
+PARITY_BOUND = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    from omni_compile.builder import _check_out
+
+    old = None
+    if out.exists():
+        _check_out(out, force)
+        old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _weights_reference(spec, opts) -> dict[str, Any]:
+    if spec.weights == "random":
+        return {"reference": f"random seed {opts.seed}", "seed": opts.seed}
+    root = Path(spec.source)
+    files = sorted(root.rglob("*.safetensors")) if root.is_dir() else []
+    from omni_compile.artifact.manifest import sha256_file
+
+    return {"reference": str(root), "files": [{"path": str(f.relative_to(root)), "sha256": sha256_file(f)} for f in files]}
+
+
+def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets) -> dict[str, Any]:
+    config_json = json.dumps(spec.config, sort_keys=True, default=str)
+    regions = []
+    matches: dict[str, int] = {}
+    resolutions: dict[str, dict] = {}
+    attention: dict[str, dict] = {}
+    for t in targets:
+        rec = records[t.name]
+        files = {}
+        for sig in rec.keys:
+            cf = compiled[(t.name, sig)]
+            files[sig] = {
+                "signature": sig,
+                "call": aot.describe_key(rec.keys[sig]),
+                "key": aot.json_safe(rec.keys[sig]),
+                "file": cf.file,
+                "sha256": cf.sha256,
+                "graph_hash": cf.graph_hash,
+                "instances": rec.instances[sig],
+                "passes": cf.passes,
+                "compile_seconds": round(cf.seconds, 3),
+            }
+            for name, n in cf.passes.items():
+                matches[name] = matches.get(name, 0) + n
+            for op, r in cf.resolutions.items():
+                record_resolution(resolutions, op, r["implementation"], r["reason"], r["count"])
+            for role, r in cf.attention.items():
+                record_resolution(attention, role, r["implementation"], r["reason"], r["count"])
+        regions.append(
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "class": f"{type(t.instances[0][1]).__module__}.{type(t.instances[0][1]).__qualname__}",
+                "instances": [p for p, _ in t.instances],
+                "buckets": {b: [files[s] for s in sigs] for b, sigs in rec.buckets.items()},
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "omni_compile_version": omni_compile.__version__,
+        "model": {
+            "source": spec.source,
+            "family": spec.adapter.family,
+            "class": spec.adapter.model_class().__name__,
+            "config": json.loads(config_json),
+            "config_hash": hashlib.sha256(config_json.encode()).hexdigest(),
+        },
+        "weights": {**_weights_reference(spec, opts), "tensors": weights_summary(model)},
+        "build": {
+            "mode": "aot",
+            "dtype": dtype_name(dtype),
+            "device": device,
+            "buckets": [str(b) for b in buckets],
+            "text_len": opts.text_len or spec.text_len,
+            "compile_config": pm_config_json(opts),
+            "compile_config_hash": opts.compile.compute_hash(),
+        },
+        "platform": platform_record(platform),
+        "pass_uuid": pm.uuid(),
+        "regions": regions,
+        "attention": {"config": pm.attention_config.to_json(), "per_role": attention},
+        "fusion": {"passes": pm.enabled, "matches": matches, "fused_op_implementations": resolutions},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def pm_config_json(opts) -> dict[str, Any]:
+    return aot.json_safe(opts.compile.to_json())
+
+
+def _report(manifest: dict[str, Any], compiled: dict) -> dict[str, Any]:
+    """report/build_report.json: the manifest's summary plus per-file compile details."""
+    return {
+        "schema": "omni-compile/artifact-report/1",
+        "model": manifest["model"],
+        "platform": manifest["platform"],
+        "fusion": manifest["fusion"],
+        "attention": manifest["attention"],
+        "parity": manifest["parity"],
+        "timing": manifest["timing"],
+        "files": [
+            {"region": name, "signature": sig, "file": cf.file, "seconds": round(cf.seconds, 3), "passes": cf.passes,
+             "fused_op_implementations": cf.resolutions, "attention": cf.attention}  # fmt: skip
+            for (name, sig), cf in compiled.items()
+        ],
+    }

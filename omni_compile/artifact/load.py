@@ -1,0 +1,270 @@
+"""`omni_compile.load(ARTIFACT, weights=...)`: a model whose regions run the artifact's compiled files.
+
+Before anything runs: the manifest's schema, the platform (device kind and name, compute capability,
+torch/Triton/CUDA/HIP versions; every difference is listed), the sha256 of every compiled file, and the
+weights against the manifest's tensor summary (names, shapes, dtypes). Then each instance's `forward` is
+pointed at a dispatcher that picks the package compiled for the call's signature and passes the
+instance's own parameters and buffers. Nothing is traced or compiled: the packages are loaded with
+`torch._inductor.aoti_load_package`. On CUDA the whole forward is then wrapped in `CudaGraphForward`
+(one graph per bucket, captured on the first call), unless `cuda_graphs=False`.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from omni_compile.artifact import aot
+from omni_compile.artifact.manifest import (
+    ArtifactError,
+    platform_differences,
+    read_manifest,
+    verify_files,
+    weights_differences,
+)
+from omni_compile.config import parse_dtype
+from omni_compile.platform import current_platform
+
+logger = logging.getLogger("omni_compile.artifact")
+
+
+class RegionDispatch:
+    """Installed as `instance.forward`: runs the package compiled for this call's signature."""
+
+    def __init__(self, name: str, module: nn.Module, runners: dict[tuple, Any], buckets: list[str], stats: dict):
+        self.name = name
+        self.module = module
+        self.runners = runners
+        self.buckets = buckets
+        self.stats = stats
+        self.state = aot.module_state(module)  # the instance's tensors, read at call time through the dict
+
+    def __call__(self, *args, **kwargs):
+        args, kwargs = aot.canonical_call(args, kwargs)
+        key = aot.call_key(args, kwargs)
+        runner = self.runners.get(key)
+        if runner is None:
+            raise ArtifactError(
+                f"region {self.name}: no compiled file for this call ({aot.describe_key(key)}); the artifact "
+                f"holds the shape buckets {', '.join(self.buckets)}. Call the model at one of them, or rebuild "
+                "with the shape added to --shapes (or load with jit_fallback=True)"
+            )
+        self.stats["compiled_calls"] = self.stats.get("compiled_calls", 0) + 1
+        return runner(self.state, args, kwargs)
+
+
+@dataclass
+class Installed:
+    """What `install` changed on a model, so that the build's parity check can undo it."""
+
+    model: nn.Module
+    manifest: dict[str, Any]
+    root: Path
+    modules: list[nn.Module] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    cuda_graphs: Any = None
+
+    def uninstall(self) -> None:
+        for m in self.modules:
+            m.__dict__.pop("forward", None)
+        if self.cuda_graphs is not None:
+            self.model.__dict__.pop("forward", None)
+        self.modules.clear()
+
+
+def install(model: nn.Module, manifest: dict[str, Any], root: Path) -> Installed:
+    """Load every package the manifest lists and point each instance's forward at its dispatcher."""
+    installed = Installed(model, manifest, root)
+    modules = dict(model.named_modules())
+    buckets = list(manifest["build"]["buckets"])
+    loaded: dict[str, Any] = {}
+    for region in manifest["regions"]:
+        runners: dict[tuple, Any] = {}
+        for entries in region["buckets"].values():
+            for e in entries:
+                if e["file"] not in loaded:
+                    loaded[e["file"]] = torch._inductor.aoti_load_package(str(root / e["file"]))
+                runners[_as_key(e["key"])] = loaded[e["file"]]
+        for path in region["instances"]:
+            if path not in modules:
+                raise ArtifactError(f"the model has no module {path!r}, which the artifact's region {region['name']} runs")
+            m = modules[path]
+            m.forward = RegionDispatch(region["name"], m, runners, buckets, installed.stats)
+            installed.modules.append(m)
+    installed.stats["packages"] = len(loaded)
+    return installed
+
+
+def _as_key(value: Any) -> tuple:
+    """The call key stored in JSON (lists) back as the tuple `aot.call_key` makes."""
+    if isinstance(value, list):
+        return tuple(_as_key(v) for v in value)
+    return value
+
+
+def _model_for(manifest: dict[str, Any], weights, device: str, dtype: torch.dtype) -> nn.Module:
+    from omni_compile.models import resolve_model
+
+    if isinstance(weights, nn.Module):
+        return weights
+    source = manifest["model"]["source"]
+    if weights is None:
+        if not source.startswith("preset:"):
+            raise ArtifactError(
+                f"the artifact was built from {source}; pass weights= (the loaded transformer or its directory)"
+            )
+        spec = resolve_model(source.removeprefix("preset:"), model_config=manifest["model"]["config"])
+        seed = manifest["weights"].get("seed", 0)
+        return spec.load(dtype=dtype, device=device, seed=seed)
+    spec = resolve_model(str(weights))
+    return spec.load(dtype=dtype, device=device)
+
+
+def check(artifact: str | Path, *, device: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Read the manifest and check files; returns (manifest, platform differences)."""
+    root = Path(artifact)
+    manifest = read_manifest(root)
+    device = device or manifest["build"]["device"]
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return manifest, [f"device kind: artifact {manifest['platform'].get('kind')!r}, here no CUDA GPU"]
+    diffs = platform_differences(manifest["platform"], current_platform(device))
+    if not diffs:
+        verify_files(root, manifest)
+    return manifest, diffs
+
+
+def load(
+    artifact: str | Path,
+    weights: nn.Module | str | Path | None = None,
+    *,
+    device: str | None = None,
+    jit_fallback: bool = False,
+    cuda_graphs: bool | None = None,
+) -> nn.Module:
+    """The model of `artifact` with its regions running the compiled files (see the module docstring).
+
+    `weights`: the transformer already in memory (its tensors are used as they are), a diffusers model
+    directory, or None for a preset's seeded random weights. `jit_fallback`: on a platform mismatch,
+    compile the model with `omni_compile.compile` instead of refusing. `cuda_graphs`: default on for CUDA.
+    """
+    root = Path(artifact)
+    manifest, diffs = check(root, device=device)
+    device = device or manifest["build"]["device"]
+    dtype = parse_dtype(manifest["build"]["dtype"])
+    if diffs and not jit_fallback:
+        raise ArtifactError(
+            f"{root} was built for another platform: " + "; ".join(diffs)
+            + ". Rebuild it on this machine, or load with jit_fallback=True (--jit-fallback) to compile here"
+        )
+    model = _model_for(manifest, weights, device, dtype)
+    wdiffs = weights_differences(manifest["weights"]["tensors"], model)
+    if wdiffs:
+        raise ArtifactError(f"the weights do not match the artifact's model: " + "; ".join(wdiffs))
+    if diffs:
+        import omni_compile
+
+        warnings.warn(f"{root}: platform differs ({'; '.join(diffs)}); compiling just in time instead", stacklevel=2)
+        from omni_compile.config import CompileConfig
+
+        return omni_compile.compile(model, CompileConfig.from_dict(manifest["build"]["compile_config"]))
+    installed = install(model, manifest, root)
+    use_graphs = cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda"
+    if use_graphs and torch.device(device).type == "cuda":
+        from omni_compile.runtime import CudaGraphForward
+
+        inner = _Forward(model.forward)
+        installed.cuda_graphs = CudaGraphForward(inner)
+        model.forward = installed.cuda_graphs
+    model._omni_artifact = installed
+    logger.info("loaded %s: %d compiled files", root, installed.stats["packages"])
+    return model
+
+
+class _Forward(nn.Module):
+    """A bound forward as a module, for `CudaGraphForward` (which calls a module)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _compilations() -> int:
+    """Graphs Dynamo compiled plus regions our JIT backend compiled so far in this process."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    import omni_compile
+
+    return int(dynamo_counters["stats"].get("unique_graphs", 0)) + omni_compile.counters.regions_compiled
+
+
+def verify(
+    artifact: str | Path,
+    *,
+    weights: nn.Module | str | Path | None = None,
+    device: str | None = None,
+    jit_fallback: bool = False,
+    cuda_graphs: bool | None = None,
+) -> dict[str, Any]:
+    """`omni-compile verify`: the load checks, then one step per bucket against eager on the same
+    weights and seeded inputs. Raises ArtifactError for a failed check; returns the result otherwise
+    (`ok` False when a bucket's output is off by more than the build's parity bound)."""
+    from omni_compile.artifact.build import PARITY_BOUND
+    from omni_compile.config import ShapeBucket
+    from omni_compile.models import ADAPTERS
+
+    root = Path(artifact)
+    manifest, diffs = check(root, device=device)
+    device = device or manifest["build"]["device"]
+    dtype = parse_dtype(manifest["build"]["dtype"])
+    checks = [f"manifest {manifest['schema']} ({manifest['model']['source']}, {manifest['build']['dtype']})"]
+    if diffs and not jit_fallback:
+        raise ArtifactError(
+            f"{root} was built for another platform: " + "; ".join(diffs)
+            + ". Rebuild it on this machine, or pass --jit-fallback to compile here"
+        )
+    checks.append("platform matches" if not diffs else "platform differs (JIT fallback): " + "; ".join(diffs))
+    if not diffs:
+        n_files = len({e["file"] for e in _files(manifest)})
+        checks.append(f"{n_files} compiled files match their sha256")
+    model = _model_for(manifest, weights, device, dtype)
+    adapter = ADAPTERS[manifest["model"]["family"]]
+    text_len = manifest["build"].get("text_len")
+    references = {}
+    with torch.no_grad():
+        for b in manifest["build"]["buckets"]:
+            inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device, text_len=text_len)
+            out = model(**inputs)
+            references[b] = (inputs, (out[0] if isinstance(out, (tuple, list)) else out.sample).clone())
+    before = _compilations()
+    loaded = load(root, weights=model, device=device, jit_fallback=jit_fallback, cuda_graphs=cuda_graphs)
+    checks.append(f"weights match ({len(manifest['weights']['tensors'])} tensors, names, shapes and dtypes)")
+    parity = {}
+    with torch.no_grad():
+        for b, (inputs, ref) in references.items():
+            out = loaded(**inputs)
+            got = out[0] if isinstance(out, (tuple, list)) else out.sample
+            parity[b] = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+    bound = PARITY_BOUND[dtype]
+    return {
+        "artifact": str(root),
+        "checks": checks,
+        "parity": parity,
+        "bound": bound,
+        "compilations": _compilations() - before,
+        "ok": all(v <= bound for v in parity.values()),
+    }
+
+
+def _files(manifest):
+    from omni_compile.artifact.manifest import artifact_files
+
+    return artifact_files(manifest)

@@ -1,0 +1,211 @@
+"""Prebuilt artifacts: `omni-compile build` (AOT) -> `omni_compile.load` with zero compilation.
+
+One artifact per model (flux-tiny, wan-tiny; two shape buckets each) is built once through the CLI in a
+subprocess (minutes on 2 CPU cores: one AOTInductor package per region x signature). Tamper tests work
+on copies of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_cli import assert_user_error, cli
+
+pytestmark = pytest.mark.compile
+
+MODELS = {"flux-tiny": "64x64,64x128", "wan-tiny": "64x64x5,64x96x5"}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory, subprocess_env):
+    root = tmp_path_factory.mktemp("artifacts")
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
+    out = {}
+    for model, shapes in MODELS.items():
+        proc = cli("build", model, "--shapes", shapes, "--out", str(root / model), env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "compiling block" in proc.stderr and "wrote" in proc.stderr  # progress and summary
+        out[model] = root / model
+    assert [p.name for p in root.iterdir() if ".partial-" in p.name] == []
+    return out
+
+
+def test_manifest_describes_the_build(artifacts):
+    m = json.loads((artifacts["flux-tiny"] / "manifest.json").read_text())
+    assert m["schema"] == "omni-compile/artifact/1" and m["model"]["family"] == "flux"
+    assert m["weights"]["reference"] == "random seed 0" and len(m["weights"]["tensors"]) > 50
+    assert m["build"]["buckets"] == ["64x64", "64x128"] and m["build"]["mode"] == "aot"
+    assert m["platform"]["kind"] == "cpu" and m["platform"]["torch_version"] == torch.__version__
+    blocks = {r["name"]: r for r in m["regions"] if r["kind"] == "block"}
+    assert set(blocks) == {"FluxTransformerBlock", "FluxSingleTransformerBlock"}
+    for r in blocks.values():
+        assert set(r["buckets"]) == {"64x64", "64x128"}
+        # one file per bucket serves every instance of the block
+        for entries in r["buckets"].values():
+            assert len(entries) == 1 and entries[0]["instances"] == r["instances"]
+    glue = {r["name"] for r in m["regions"] if r["kind"] == "glue"}
+    assert {"x_embedder", "context_embedder", "norm_out", "proj_out"} <= glue
+    # the passes ran inside the AOT compiles: per bucket, the JIT build's counts (tests/test_cli.py)
+    assert m["fusion"]["matches"] == {"rms_norm": 12, "qk_norm_rope": 8, "adaln": 10, "attention": 4,
+                                      "lower_fused_ops": 18}  # fmt: skip
+    assert m["attention"]["per_role"]["flux.joint"]["implementation"] == "TORCH_SDPA"
+    assert all(p["rel_l2_vs_eager"] < 1e-4 for p in m["parity"].values())
+    for r in m["regions"]:
+        for entries in r["buckets"].values():
+            for e in entries:
+                assert (artifacts["flux-tiny"] / e["file"]).is_file()
+    assert (artifacts["flux-tiny"] / "report" / "build_report.json").is_file()
+
+
+def test_wan_manifest_keeps_the_attention_roles(artifacts):
+    """The exported block is not a registered submodule, so roles come from the nodes' stack traces."""
+    m = json.loads((artifacts["wan-tiny"] / "manifest.json").read_text())
+    assert set(m["attention"]["per_role"]) == {"wan.self", "wan.cross"}
+    assert {r["name"] for r in m["regions"] if r["kind"] == "block"} == {"WanTransformerBlock"}
+    assert m["build"]["buckets"] == ["64x64x5", "64x96x5"]
+
+
+LOAD_SCRIPT = r"""
+import json, sys, torch
+import omni_compile
+from torch._dynamo.utils import counters
+from omni_compile.config import ShapeBucket
+from omni_compile.models import resolve_model
+
+name, path = sys.argv[1], sys.argv[2]
+spec = resolve_model(name)
+model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+refs = {}
+with torch.no_grad():
+    for b in json.loads(open(path + "/manifest.json").read())["build"]["buckets"]:
+        inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(b), dtype=torch.float32, device="cpu",
+                                             text_len=spec.text_len, seed=1)
+        refs[b] = (inputs, model(**inputs)[0].clone())
+counters.clear()
+loaded = omni_compile.load(path, weights=model)
+errs = {}
+with torch.no_grad():
+    for b, (inputs, ref) in refs.items():
+        out = loaded(**inputs)[0]
+        errs[b] = float((out.double() - ref.double()).norm() / ref.double().norm())
+print("RESULT " + json.dumps({
+    "errs": errs, "dynamo": {k: dict(v) for k, v in counters.items() if v},
+    "regions_compiled": omni_compile.counters.regions_compiled, "stats": loaded._omni_artifact.stats,
+}))
+"""
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_fresh_process_loads_with_zero_compilations(artifacts, subprocess_env, model):
+    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, model, str(artifacts[model])], env=subprocess_env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert res["dynamo"] == {} and res["regions_compiled"] == 0  # no Dynamo frame, no Inductor graph
+    assert res["stats"]["compiled_calls"] > 0
+    assert set(res["errs"]) == set(MODELS[model].split(",")) and all(e < 1e-4 for e in res["errs"].values()), res
+
+
+def _copy(artifacts, tmp_path, model="flux-tiny"):
+    dst = tmp_path / "art"
+    shutil.copytree(artifacts[model], dst)
+    return dst, json.loads((dst / "manifest.json").read_text())
+
+
+def _block_file(manifest):
+    return next(r for r in manifest["regions"] if r["kind"] == "block")["buckets"]["64x64"][0]["file"]
+
+
+def test_changed_byte_is_refused_naming_the_file(artifacts, tmp_path):
+    import omni_compile
+
+    art, m = _copy(artifacts, tmp_path)
+    f = art / _block_file(m)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+    with pytest.raises(omni_compile.ArtifactError, match=f"compiled file {_block_file(m)} fails its checksum"):
+        omni_compile.load(art)
+
+
+def test_missing_file_is_refused(artifacts, tmp_path, subprocess_env):
+    art, m = _copy(artifacts, tmp_path)
+    (art / _block_file(m)).unlink()
+    assert_user_error(cli("verify", str(art), env=subprocess_env), f"compiled file {_block_file(m)} is missing")
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("torch_version", "2.11.0+cu130", "torch version: artifact '2.11.0+cu130', here"),
+        ("device_name", "NVIDIA H200", "device: artifact 'NVIDIA H200', here"),
+    ],
+)
+def test_manifest_from_another_platform_is_refused(artifacts, tmp_path, field, value, message):
+    import omni_compile
+
+    art, m = _copy(artifacts, tmp_path)
+    m["platform"][field] = value
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(omni_compile.ArtifactError, match=re.escape("built for another platform: " + message)):
+        omni_compile.load(art)
+
+
+def test_jit_fallback_compiles_instead(artifacts, tmp_path):
+    import omni_compile
+
+    art, m = _copy(artifacts, tmp_path)
+    m["platform"]["torch_version"] = "0.0.0"
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.warns(UserWarning, match="compiling just in time instead"):
+        model = omni_compile.load(art, jit_fallback=True)
+    state = omni_compile.compile_state(model)
+    assert [r.name for r in state.regions] == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
+    omni_compile.uncompile(model)
+
+
+def test_weights_with_a_wrong_shape_are_refused(artifacts):
+    import omni_compile
+    from omni_compile.models import resolve_model
+
+    model = resolve_model("flux-tiny").load(dtype=torch.float32, device="cpu")
+    model.proj_out.weight = torch.nn.Parameter(torch.zeros(7, model.proj_out.weight.shape[1]))
+    with pytest.raises(omni_compile.ArtifactError, match=r"proj_out.weight: shape \[7, 32\], the artifact was built for"):
+        omni_compile.load(artifacts["flux-tiny"], weights=model)
+    with pytest.raises(omni_compile.ArtifactError, match="dtype bfloat16, the artifact was built for float32"):
+        omni_compile.load(artifacts["flux-tiny"], weights=model.to(torch.bfloat16))
+
+
+def test_unknown_bucket_is_refused_with_the_supported_list(artifacts):
+    import omni_compile
+    from omni_compile.config import ShapeBucket
+    from omni_compile.models import resolve_model
+
+    spec = resolve_model("flux-tiny")
+    model = omni_compile.load(artifacts["flux-tiny"])
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("128x128"), dtype=torch.float32, device="cpu",
+                                         text_len=spec.text_len)  # fmt: skip
+    with pytest.raises(omni_compile.ArtifactError, match="the artifact holds the shape buckets 64x64, 64x128"):
+        with torch.no_grad():
+            model(**inputs)
+
+
+def test_verify_cli(artifacts, subprocess_env):
+    proc = cli("verify", str(artifacts["wan-tiny"]), "--json", env=subprocess_env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    assert res["ok"] and res["compilations"] == 0 and set(res["parity"]) == {"64x64x5", "64x96x5"}
+    assert any("compiled files match their sha256" in c for c in res["checks"])
+
+
+def test_not_an_artifact(tmp_path, subprocess_env):
+    assert_user_error(cli("verify", str(tmp_path), env=subprocess_env), "no manifest.json; not an omni-compile artifact")
+    assert_user_error(cli("build", "--mode", "aot", "--cache-from", str(tmp_path), "--out", str(tmp_path / "o"),
+                          env=subprocess_env), "--cache-from warm-starts a JIT build; use it with --mode jit")  # fmt: skip
