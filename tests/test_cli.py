@@ -129,9 +129,9 @@ def test_build_generic_model(subprocess_env, tmp_path):
     env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(TESTS), subprocess_env.get("PYTHONPATH", "")]))
     args = [
         "build",
+        "diffusers:LTXVideoTransformer3DModel",
         "--mode",
         "jit",
-        "diffusers:LTXVideoTransformer3DModel",
         "--example-inputs",
         "generic_model:ltx_inputs",
         "--model-config",
@@ -147,7 +147,7 @@ def test_build_generic_model(subprocess_env, tmp_path):
         "--json",
         "-q",
     ]
-    missing = cli(*args[:2], "--shapes", "64x64x9", "--dtype", "fp32", "--device", "cpu", env=env)
+    missing = cli(*args[:4], "--shapes", "64x64x9", "--dtype", "fp32", "--device", "cpu", env=env)
     assert_user_error(missing, "--example-inputs module:function")
     proc = cli(*args, env=env)
     assert proc.returncode == 0, proc.stderr
