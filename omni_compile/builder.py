@@ -85,15 +85,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
-    events = events or BuildEvents()
-    if opts.mode not in ("aot", "jit"):
-        raise ConfigError(f"unknown build mode {opts.mode!r}; use aot (a prebuilt artifact) or jit")
-    if opts.mode == "aot":
-        from omni_compile.artifact.build import build_artifact
-
-        return build_artifact(opts, events)
-    t_start = time.perf_counter()
+def resolve_build(opts: BuildOptions):
+    """(spec, dtype, device, buckets, pass manager) for `opts`, both modes. Model, shapes, pass
+    switches, pass options and kernel choices (a kernel asked for by name must be able to run on this
+    platform) are checked here, before any slow work."""
     spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
     dtype = parse_dtype(opts.dtype or spec.default_dtype)
     device = _resolve_device(opts.device, spec.default_device)
@@ -103,9 +98,20 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     buckets = ShapeBucket.parse_list(shapes)
     for bucket in buckets:
         spec.adapter.check_bucket(bucket)
-    # Pass switches, pass options and kernel choices (a kernel asked for by name must be able to run on
-    # this platform) are checked before any slow work.
-    make_pass_manager(opts.compile, current_platform(device), spec.adapter)
+    pm = make_pass_manager(opts.compile, current_platform(device), spec.adapter)
+    return spec, dtype, device, buckets, pm
+
+
+def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
+    events = events or BuildEvents()
+    if opts.mode not in ("aot", "jit"):
+        raise ConfigError(f"unknown build mode {opts.mode!r}; use aot (a prebuilt artifact) or jit")
+    if opts.mode == "aot":
+        from omni_compile.artifact.build import build_artifact
+
+        return build_artifact(opts, events)
+    t_start = time.perf_counter()
+    spec, dtype, device, buckets, _ = resolve_build(opts)
     out = Path(opts.out) if opts.out else None
     if out is not None:
         _check_out(out, opts.force)

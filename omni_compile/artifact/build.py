@@ -22,41 +22,30 @@ import torch
 import omni_compile
 from omni_compile.artifact import aot
 from omni_compile.artifact.manifest import MANIFEST, SCHEMA, platform_record, weights_summary
-from omni_compile.config import ShapeBucket, dtype_name, parse_dtype
+from omni_compile.config import dtype_name
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs import find_regions
-from omni_compile.models import resolve_model
 from omni_compile.passes.lower_fused_ops import record_resolution
-from omni_compile.platform import current_platform
 
 logger = logging.getLogger("omni_compile.artifact")
 
 REPORT_DIR = "report"
 
 
-def _bucket_output(output):
+def bucket_output(output):
+    """The sample of a transformer forward's output (a tuple or a diffusers output object)."""
     return output[0] if isinstance(output, (tuple, list)) else getattr(output, "sample", output)
 
 
 def build_artifact(opts, events) -> dict[str, Any]:
     """Build the artifact described by `opts` (a `builder.BuildOptions`); returns the manifest."""
-    from omni_compile.builder import _check_out, _resolve_device, _sync
-    from omni_compile.compiler import make_pass_manager
+    from omni_compile.builder import _check_out, _sync, resolve_build
 
     t_start = time.perf_counter()
     if opts.cache_from:
         raise ConfigError("--cache-from warm-starts a JIT build; use it with --mode jit")
-    spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
-    dtype = parse_dtype(opts.dtype or spec.default_dtype)
-    device = _resolve_device(opts.device, spec.default_device)
-    shapes = opts.shapes or spec.default_shapes
-    if not shapes:
-        raise ConfigError(f"{spec.source} has no default shapes; pass --shapes (e.g. 1024x1024)")
-    buckets = ShapeBucket.parse_list(shapes)
-    for bucket in buckets:
-        spec.adapter.check_bucket(bucket)
-    platform = current_platform(device)
-    pm = make_pass_manager(opts.compile, platform, spec.adapter)
+    spec, dtype, device, buckets, pm = resolve_build(opts)
+    platform = pm.platform
     if opts.out is None:
         raise ConfigError("an artifact build needs --out DIR")
     out = Path(opts.out)
@@ -88,7 +77,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
             recorder.bucket = str(bucket)
             inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device, text_len=text_len,
                                                  seed=opts.seed)  # fmt: skip
-            references[str(bucket)] = (inputs, _bucket_output(model(**inputs)).clone())
+            references[str(bucket)] = (inputs, bucket_output(model(**inputs)).clone())
     targets = [t for t in targets if recorder.records[t.name].examples]  # glue never called is not compiled
 
     # 2. Compile one package per (target, signature) into a temporary directory beside `out`.
@@ -128,7 +117,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
         parity = {}
         with torch.no_grad():
             for bucket, (inputs, ref) in references.items():
-                got = _bucket_output(model(**inputs))
+                got = bucket_output(model(**inputs))
                 err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
                 parity[bucket] = {"rel_l2_vs_eager": err, "finite": bool(torch.isfinite(got).all()),
                                   "output_shape": list(got.shape)}  # fmt: skip
@@ -239,7 +228,7 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
             "device": device,
             "buckets": [str(b) for b in buckets],
             "text_len": opts.text_len or spec.text_len,
-            "compile_config": pm_config_json(opts),
+            "compile_config": aot.json_safe(opts.compile.to_json()),
             "compile_config_hash": opts.compile.compute_hash(),
         },
         "platform": platform_record(platform),
@@ -249,10 +238,6 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
         "fusion": {"passes": pm.enabled, "matches": matches, "fused_op_implementations": resolutions},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def pm_config_json(opts) -> dict[str, Any]:
-    return aot.json_safe(opts.compile.to_json())
 
 
 def _report(manifest: dict[str, Any], compiled: dict) -> dict[str, Any]:
@@ -266,8 +251,15 @@ def _report(manifest: dict[str, Any], compiled: dict) -> dict[str, Any]:
         "parity": manifest["parity"],
         "timing": manifest["timing"],
         "files": [
-            {"region": name, "signature": sig, "file": cf.file, "seconds": round(cf.seconds, 3), "passes": cf.passes,
-             "fused_op_implementations": cf.resolutions, "attention": cf.attention}  # fmt: skip
+            {
+                "region": name,
+                "signature": sig,
+                "file": cf.file,
+                "seconds": round(cf.seconds, 3),
+                "passes": cf.passes,
+                "fused_op_implementations": cf.resolutions,
+                "attention": cf.attention,
+            }
             for (name, sig), cf in compiled.items()
         ],
     }

@@ -23,6 +23,7 @@ from torch import nn
 from omni_compile.artifact import aot
 from omni_compile.artifact.manifest import (
     ArtifactError,
+    artifact_files,
     platform_differences,
     read_manifest,
     verify_files,
@@ -126,14 +127,23 @@ def _model_for(manifest: dict[str, Any], weights, device: str, dtype: torch.dtyp
     return spec.load(dtype=dtype, device=device)
 
 
-def check(artifact: str | Path, *, device: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Read the manifest and check files; returns (manifest, platform differences)."""
+def check(
+    artifact: str | Path, *, device: str | None = None, jit_fallback: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """Read the manifest, compare the platform and, when it matches, every file's sha256; returns
+    (manifest, platform differences). A difference refuses the artifact unless `jit_fallback`."""
     root = Path(artifact)
     manifest = read_manifest(root)
     device = device or manifest["build"]["device"]
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        return manifest, [f"device kind: artifact {manifest['platform'].get('kind')!r}, here no CUDA GPU"]
-    diffs = platform_differences(manifest["platform"], current_platform(device))
+        diffs = [f"device kind: artifact {manifest['platform'].get('kind')!r}, here no CUDA GPU"]
+    else:
+        diffs = platform_differences(manifest["platform"], current_platform(device))
+    if diffs and not jit_fallback:
+        raise ArtifactError(
+            f"{root} was built for another platform: " + "; ".join(diffs)
+            + ". Rebuild it on this machine, or load with jit_fallback=True (--jit-fallback) to compile here"
+        )
     if not diffs:
         verify_files(root, manifest)
     return manifest, diffs
@@ -154,32 +164,29 @@ def load(
     compile the model with `omni_compile.compile` instead of refusing. `cuda_graphs`: default on for CUDA.
     """
     root = Path(artifact)
-    manifest, diffs = check(root, device=device)
+    manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
     device = device or manifest["build"]["device"]
-    dtype = parse_dtype(manifest["build"]["dtype"])
-    if diffs and not jit_fallback:
-        raise ArtifactError(
-            f"{root} was built for another platform: " + "; ".join(diffs)
-            + ". Rebuild it on this machine, or load with jit_fallback=True (--jit-fallback) to compile here"
-        )
-    model = _model_for(manifest, weights, device, dtype)
+    model = _model_for(manifest, weights, device, parse_dtype(manifest["build"]["dtype"]))
+    return _load_checked(root, manifest, diffs, model, device, cuda_graphs)
+
+
+def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
+    """`load` after `check`: the weights check, then the JIT fallback or the compiled files."""
     wdiffs = weights_differences(manifest["weights"]["tensors"], model)
     if wdiffs:
-        raise ArtifactError(f"the weights do not match the artifact's model: " + "; ".join(wdiffs))
+        raise ArtifactError("the weights do not match the artifact's model: " + "; ".join(wdiffs))
     if diffs:
         import omni_compile
-
-        warnings.warn(f"{root}: platform differs ({'; '.join(diffs)}); compiling just in time instead", stacklevel=2)
         from omni_compile.config import CompileConfig
 
+        warnings.warn(f"{root}: platform differs ({'; '.join(diffs)}); compiling just in time instead", stacklevel=3)
         return omni_compile.compile(model, CompileConfig.from_dict(manifest["build"]["compile_config"]))
     installed = install(model, manifest, root)
     use_graphs = cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda"
     if use_graphs and torch.device(device).type == "cuda":
         from omni_compile.runtime import CudaGraphForward
 
-        inner = _Forward(model.forward)
-        installed.cuda_graphs = CudaGraphForward(inner)
+        installed.cuda_graphs = CudaGraphForward(_Forward(model.forward))
         model.forward = installed.cuda_graphs
     model._omni_artifact = installed
     logger.info("loaded %s: %d compiled files", root, installed.stats["packages"])
@@ -217,24 +224,18 @@ def verify(
     """`omni-compile verify`: the load checks, then one step per bucket against eager on the same
     weights and seeded inputs. Raises ArtifactError for a failed check; returns the result otherwise
     (`ok` False when a bucket's output is off by more than the build's parity bound)."""
-    from omni_compile.artifact.build import PARITY_BOUND
+    from omni_compile.artifact.build import PARITY_BOUND, bucket_output
     from omni_compile.config import ShapeBucket
     from omni_compile.models import ADAPTERS
 
     root = Path(artifact)
-    manifest, diffs = check(root, device=device)
+    manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
     device = device or manifest["build"]["device"]
     dtype = parse_dtype(manifest["build"]["dtype"])
     checks = [f"manifest {manifest['schema']} ({manifest['model']['source']}, {manifest['build']['dtype']})"]
-    if diffs and not jit_fallback:
-        raise ArtifactError(
-            f"{root} was built for another platform: " + "; ".join(diffs)
-            + ". Rebuild it on this machine, or pass --jit-fallback to compile here"
-        )
     checks.append("platform matches" if not diffs else "platform differs (JIT fallback): " + "; ".join(diffs))
     if not diffs:
-        n_files = len({e["file"] for e in _files(manifest)})
-        checks.append(f"{n_files} compiled files match their sha256")
+        checks.append(f"{len(artifact_files(manifest))} compiled files match their sha256")
     model = _model_for(manifest, weights, device, dtype)
     adapter = ADAPTERS[manifest["model"]["family"]]
     text_len = manifest["build"].get("text_len")
@@ -242,16 +243,14 @@ def verify(
     with torch.no_grad():
         for b in manifest["build"]["buckets"]:
             inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device, text_len=text_len)
-            out = model(**inputs)
-            references[b] = (inputs, (out[0] if isinstance(out, (tuple, list)) else out.sample).clone())
+            references[b] = (inputs, bucket_output(model(**inputs)).clone())
     before = _compilations()
-    loaded = load(root, weights=model, device=device, jit_fallback=jit_fallback, cuda_graphs=cuda_graphs)
+    loaded = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
     checks.append(f"weights match ({len(manifest['weights']['tensors'])} tensors, names, shapes and dtypes)")
     parity = {}
     with torch.no_grad():
         for b, (inputs, ref) in references.items():
-            out = loaded(**inputs)
-            got = out[0] if isinstance(out, (tuple, list)) else out.sample
+            got = bucket_output(loaded(**inputs))
             parity[b] = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
     bound = PARITY_BOUND[dtype]
     return {
@@ -263,8 +262,3 @@ def verify(
         "ok": all(v <= bound for v in parity.values()),
     }
 
-
-def _files(manifest):
-    from omni_compile.artifact.manifest import artifact_files
-
-    return artifact_files(manifest)
