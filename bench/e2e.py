@@ -48,6 +48,34 @@ def _rel_l2(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def measure(step, device: str, steps: int, warmup: int) -> list[float]:
+    """Milliseconds per call of `step` over `steps` calls after `warmup` (CUDA events on a GPU)."""
+    import torch
+
+    for _ in range(warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            step()
+            times.append(1e3 * (time.perf_counter() - t))
+    return times
+
+
+def summary(times: list[float]) -> dict:
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
+
+
 def kernel_profile(step, device: str) -> dict:
     """One profiled step: device kernels per step and their time by category."""
     import torch
@@ -131,22 +159,7 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
     out = step()
     sync()
     first_call = time.perf_counter() - t0
-    for _ in range(warmup):
-        step()
-    sync()
-    times = []
-    for _ in range(steps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t))
+    times = measure(step, device, steps, warmup)
     result = {
         "workload": workload,
         "mode": mode,
@@ -156,7 +169,7 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         "device": device,
         "init_s": round(init_s, 2),
         "first_call_s": round(first_call, 3),
-        "step_ms": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
+        "step_ms": summary(times),
         "rel_l2_vs_eager": _rel_l2(out, reference),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None,
         "torch": torch.__version__,

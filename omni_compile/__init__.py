@@ -18,7 +18,7 @@ _EXPORTS = {
     "uncompile": "omni_compile.compiler",
     "build": "omni_compile.builder",
     "BuildOptions": "omni_compile.builder",
-    "load": "omni_compile.artifact.load",
+    "load": "omni_compile.artifact.loader",
     "ArtifactError": "omni_compile.artifact.manifest",
     "ConfigError": "omni_compile.errors",
     "OmniCompileError": "omni_compile.errors",

@@ -211,7 +211,7 @@ def _print_artifact_summary(console, manifest, out) -> None:
 
 
 def _cmd_verify(args, console) -> int:
-    from omni_compile.artifact.load import verify
+    from omni_compile.artifact.loader import verify
 
     result = verify(args.artifact, device=args.device, jit_fallback=args.jit_fallback,
                     cuda_graphs=False if args.no_cuda_graphs else None)  # fmt: skip

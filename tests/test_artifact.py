@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 
+from omni_compile.artifact import ArtifactError
 from test_cli import assert_user_error, cli
 
 pytestmark = pytest.mark.compile
@@ -139,6 +140,29 @@ def test_missing_file_is_refused(artifacts, tmp_path, subprocess_env):
     art, m = _copy(artifacts, tmp_path)
     (art / _block_file(m)).unlink()
     assert_user_error(cli("verify", str(art), env=subprocess_env), f"compiled file {_block_file(m)} is missing")
+
+
+def test_a_package_that_does_not_load_is_named_by_the_child_probe(artifacts, tmp_path):
+    """probe_load loads every package in a child process; a broken one fails it with the file's name."""
+    from omni_compile.artifact.loader import probe_load
+
+    art, m = _copy(artifacts, tmp_path)
+    probe_load(art, m)  # the intact copy loads
+    (art / _block_file(m)).write_bytes(b"not a zip archive")
+    with pytest.raises(ArtifactError, match=re.escape(f"loading failed while loading {_block_file(m)}")):
+        probe_load(art, m)
+
+
+def test_a_loader_crash_in_the_probe_is_reported_not_fatal(artifacts, tmp_path, monkeypatch):
+    """A native crash (SIGSEGV) of AOTInductor's loader, as an H200 image with torch 2.11 showed: the
+    probe reports the signal and the file instead of taking the process down."""
+    from omni_compile.artifact import loader
+
+    art, m = _copy(artifacts, tmp_path)
+    crashed = subprocess.CompletedProcess([], -11, stdout=f"loading {_block_file(m)}\n", stderr="")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: crashed)
+    with pytest.raises(ArtifactError, match=re.escape(f"AOTInductor loader crashed (SIGSEGV) while loading {_block_file(m)}")):
+        loader.probe_load(art, m)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ def __getattr__(name: str):
 
         return build_artifact
     if name in ("load", "verify"):
-        from omni_compile.artifact import load as _load
+        from omni_compile.artifact import loader as _load
 
         return getattr(_load, name)
     raise AttributeError(name)

@@ -110,8 +110,10 @@ def build_artifact(opts, events) -> dict[str, Any]:
         manifest = _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets)
 
         # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
-        from omni_compile.artifact.load import install
+        from omni_compile.artifact.loader import install, probe_load
 
+        events.on_stage("loading the compiled files in a child process")
+        probe_load(tmp, manifest)
         events.on_stage("checking the compiled artifact against eager on every bucket")
         installed = install(model, manifest, tmp)
         parity = {}

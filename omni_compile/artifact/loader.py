@@ -12,6 +12,7 @@ instance's own parameters and buffers. Nothing is traced or compiled: the packag
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,7 @@ class Installed:
     root: Path
     modules: list[nn.Module] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # where the load's time went: check, weights_check, packages
     cuda_graphs: Any = None
 
     def uninstall(self) -> None:
@@ -90,7 +92,7 @@ def install(model: nn.Module, manifest: dict[str, Any], root: Path) -> Installed
         for entries in region["buckets"].values():
             for e in entries:
                 if e["file"] not in loaded:
-                    loaded[e["file"]] = torch._inductor.aoti_load_package(str(root / e["file"]))
+                    loaded[e["file"]] = load_package(root / e["file"], manifest["platform"].get("kind"))
                 runners[_as_key(e["key"])] = loaded[e["file"]]
         for path in region["instances"]:
             if path not in modules:
@@ -100,6 +102,75 @@ def install(model: nn.Module, manifest: dict[str, Any], root: Path) -> Installed
             installed.modules.append(m)
     installed.stats["packages"] = len(loaded)
     return installed
+
+
+def load_package(path: Path, kind: str | None):
+    """One AOTInductor package, loaded without Dynamo or Inductor.
+
+    For a GPU package this calls AOTInductor's loader directly: `aoti_load_package` first compares
+    the package's host metadata with this machine, which probes the CPU's vector ISA by compiling and
+    loading a test library in a subprocess (about 0.5 s per process, longer with a cold cache) only to
+    log a warning; our manifest check has already compared the platform. CPU packages, whose kernels
+    are built for that ISA, keep `aoti_load_package` and its check.
+    """
+    if kind not in (None, "cpu"):
+        try:
+            from torch.export.pt2_archive._package import AOTICompiledModel
+
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        except (ImportError, AttributeError, TypeError) as e:  # another torch's internals: the public path
+            logger.debug("direct AOTInductor load unavailable (%s); using aoti_load_package", e)
+        else:
+            return AOTICompiledModel(loader)
+    return torch._inductor.aoti_load_package(str(path))
+
+
+_PROBE = r"""
+import sys
+from pathlib import Path
+import omni_compile  # registers our ops, as a real load does
+from omni_compile.artifact.loader import load_package
+root, kind = Path(sys.argv[1]), sys.argv[2]
+for rel in sys.argv[3:]:
+    print("loading " + rel, flush=True)
+    load_package(root / rel, kind)
+print("all loaded", flush=True)
+"""
+
+
+def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600) -> None:
+    """Load every compiled file of the artifact in a child process first: a package that crashes the
+    loader (a native fault inside AOTInductor, which no Python error handler can catch) then fails this
+    call with the file's name instead of killing the caller. Costs one Python start (a few seconds)."""
+    import signal
+    import subprocess
+    import sys
+
+    files = [e["file"] for e in artifact_files(manifest)]
+    kind = manifest["platform"].get("kind") or "cpu"
+    try:
+        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, *files],
+                              capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise ArtifactError(f"loading the compiled files of {root} did not finish in {timeout:.0f} s (in a child process)") from None
+    if proc.returncode == 0 and "all loaded" in proc.stdout:
+        return
+    current = [ln[len("loading "):] for ln in proc.stdout.splitlines() if ln.startswith("loading ")]
+    where = f" while loading {current[-1]}" if current else ""
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        cause = f"the AOTInductor loader crashed ({name}){where}"
+    else:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no error output"]
+        cause = f"loading failed{where}: {tail[0]}"
+    raise ArtifactError(
+        f"{root}: {cause}. The compiled files cannot be loaded by this torch "
+        f"({torch.__version__}) on this machine; nothing was run in this process. Rebuild the artifact here, "
+        "or use --mode jit (a JIT build) on this machine"
+    )
 
 
 def _as_key(value: Any) -> tuple:
@@ -164,14 +235,20 @@ def load(
     compile the model with `omni_compile.compile` instead of refusing. `cuda_graphs`: default on for CUDA.
     """
     root = Path(artifact)
+    t0 = time.perf_counter()
     manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
+    check_s = time.perf_counter() - t0
     device = device or manifest["build"]["device"]
     model = _model_for(manifest, weights, device, parse_dtype(manifest["build"]["dtype"]))
-    return _load_checked(root, manifest, diffs, model, device, cuda_graphs)
+    model = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
+    if not diffs:
+        model._omni_artifact.seconds["check"] = round(check_s, 4)
+    return model
 
 
 def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
     """`load` after `check`: the weights check, then the JIT fallback or the compiled files."""
+    t0 = time.perf_counter()
     wdiffs = weights_differences(manifest["weights"]["tensors"], model)
     if wdiffs:
         raise ArtifactError("the weights do not match the artifact's model: " + "; ".join(wdiffs))
@@ -181,7 +258,9 @@ def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module
 
         warnings.warn(f"{root}: platform differs ({'; '.join(diffs)}); compiling just in time instead", stacklevel=3)
         return omni_compile.compile(model, CompileConfig.from_dict(manifest["build"]["compile_config"]))
+    t1 = time.perf_counter()
     installed = install(model, manifest, root)
+    installed.seconds.update(weights_check=round(t1 - t0, 4), packages=round(time.perf_counter() - t1, 4))
     use_graphs = cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda"
     if use_graphs and torch.device(device).type == "cuda":
         from omni_compile.runtime import CudaGraphForward
@@ -236,6 +315,8 @@ def verify(
     checks.append("platform matches" if not diffs else "platform differs (JIT fallback): " + "; ".join(diffs))
     if not diffs:
         checks.append(f"{len(artifact_files(manifest))} compiled files match their sha256")
+        probe_load(root, manifest)
+        checks.append("every compiled file loads (in a child process)")
     model = _model_for(manifest, weights, device, dtype)
     adapter = ADAPTERS[manifest["model"]["family"]]
     text_len = manifest["build"].get("text_len")
