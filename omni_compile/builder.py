@@ -52,6 +52,7 @@ class BuildOptions:
     model_config: dict[str, Any] | None = None
     compile: CompileConfig = field(default_factory=CompileConfig)
     cache_from: str | None = None
+    store: str | None = None  # file://PATH or redis://... : shared store of compiled files (aot mode)
     force: bool = False
     mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
 
@@ -63,6 +64,7 @@ class BuildEvents:
     on_stage: Callable[[str], None] = lambda msg: None
     on_region_compiled: Callable[[RegionCompile], None] = lambda rec: None
     on_bucket_done: Callable[[ShapeBucket, float, int], None] = lambda bucket, seconds, compiles: None
+    on_warning: Callable[[str], None] = lambda msg: None
 
 
 def _resolve_device(requested: str | None, default: str | None) -> str:
@@ -106,6 +108,8 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     events = events or BuildEvents()
     if opts.mode not in ("aot", "jit"):
         raise ConfigError(f"unknown build mode {opts.mode!r}; use aot (a prebuilt artifact) or jit")
+    if opts.store and opts.mode != "aot":
+        raise ConfigError("--store shares an artifact build's compiled files; use it with --mode aot")
     if opts.mode == "aot":
         from omni_compile.artifact.build import build_artifact
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--example-inputs", metavar="MODULE:FN", help="function making example inputs for models without an adapter"
     )
+    b.add_argument("--store", metavar="URL", help="shared store of compiled files: file://PATH or "
+                   "redis://[:PASSWORD@]HOST:PORT/DB (looked up before compiling, published after; --mode aot)")
     b.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
@@ -111,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--jit-fallback", action="store_true", help="on a platform mismatch, compile here instead of refusing")
     v.add_argument("--no-cuda-graphs", action="store_true", help="run the parity step without CUDA graphs")
     v.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    c = sub.add_parser("cache", help="list, push, pull, remove and collect entries of a shared store")
+    c.add_argument("action", choices=["ls", "push", "pull", "rm", "gc"])
+    c.add_argument("targets", nargs="*", help="push/pull: an artifact directory; rm: cache keys")
+    c.add_argument("--store", required=True, metavar="URL", help="file://PATH or redis://[:PASSWORD@]HOST:PORT/DB")
+    c.add_argument("--max-age-days", type=float, help="gc: also remove entries older than this")
+    c.add_argument("--json", action="store_true", help="ls: print the entries as JSON on stdout")
     sub.add_parser("models", help="list model presets")
     sub.add_parser("passes", help="list graph passes and their defaults")
     a = sub.add_parser("attention", help="list attention backends and what each needs on this machine")
@@ -156,6 +165,7 @@ def _cmd_build(args, console) -> int:
         model_config=_json_arg(args.model_config, "--model-config"),
         compile=config,
         cache_from=args.cache_from,
+        store=args.store,
         force=args.force,
         mode=args.mode,
     )
@@ -169,7 +179,8 @@ def _cmd_build(args, console) -> int:
         log(f"  bucket [bold]{bucket}[/]: first call {seconds:.2f}s, {compiles} region compile(s)")
 
     events = BuildEvents(
-        on_stage=lambda m: log(f"[bold]>[/] {m}"), on_region_compiled=region_done, on_bucket_done=bucket_done
+        on_stage=lambda m: log(f"[bold]>[/] {m}"), on_region_compiled=region_done, on_bucket_done=bucket_done,
+        on_warning=lambda m: console.print(f"[yellow]warning:[/] {m}", markup=True),
     )
     report = build(opts, events)
     if args.json:
@@ -203,11 +214,73 @@ def _print_artifact_summary(console, manifest, out) -> None:
         f"{tm['compile_seconds']:.1f}s compiling, {tm['wall_seconds']:.1f}s total; parity vs eager: "
         + ", ".join(f"{k} rel L2 {v['rel_l2_vs_eager']:.1e}" for k, v in manifest["parity"].items())
     )
+    if "store" in manifest:
+        st = manifest["store"]
+        console.print(
+            f"store {st['url']}: {st['hits']} hit(s), {st['misses']} miss(es), {st['published']} published"
+            f" ({st['repaired']} repaired), {st['bytes_down'] / 2**20:.1f} MiB down, {st['bytes_up'] / 2**20:.1f} MiB up"
+            f", {st['seconds']:.2f}s; {len(st['errors'])} error(s)"
+        )
     for name, res in manifest["fusion"]["fused_op_implementations"].items():
         console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
     for role, res in manifest["attention"]["per_role"].items():
         console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
     console.print(f"wrote {out}/manifest.json ({len(manifest['regions'])} regions); load it with omni_compile.load({out!r})")
+
+
+def _cmd_cache(args, console) -> int:
+    from omni_compile.artifact.manifest import artifact_files, read_manifest, sha256_file
+    from omni_compile.cache import open_store
+
+    store = open_store(args.store)
+    if args.action == "ls":
+        entries = store.list()
+        if args.json:
+            print(json.dumps([{"key": e.key, "size": e.size, "sha256": e.sha256, "created": e.created, "meta": e.meta}
+                              for e in entries], indent=2))  # fmt: skip
+        else:
+            for e in entries:
+                when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.created))
+                console.print(f"{e.key[:16]}  {e.size / 2**20:8.2f} MiB  {when}  {e.meta.get('label', '')}")
+            console.print(f"{len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB in {store.url}")
+        return 0
+    if args.action == "gc":
+        removed = store.gc(None if args.max_age_days is None else args.max_age_days * 86400)
+        console.print(f"{store.url}: removed " + ", ".join(f"{n} {k}" for k, n in removed.items()))
+        return 0
+    if args.action == "rm":
+        if not args.targets:
+            raise ConfigError("cache rm needs one or more cache keys (see `omni-compile cache ls`)")
+        gone = sum(store.delete(k) for k in args.targets)
+        console.print(f"removed {gone} of {len(args.targets)} entries")
+        return 0 if gone == len(args.targets) else 1
+    if len(args.targets) != 1:
+        raise ConfigError(f"cache {args.action} needs one artifact directory")
+    root = Path(args.targets[0])
+    manifest = read_manifest(root)
+    files = [e for e in artifact_files(manifest) if e.get("cache_key")]
+    if not files:
+        raise ConfigError(f"{root}: its manifest has no cache keys (built before stores existed); rebuild it")
+    done = 0
+    for e in files:
+        path = root / e["file"]
+        if args.action == "push":
+            if not path.is_file() or sha256_file(path) != e["sha256"]:
+                raise ConfigError(f"{root}: {e['file']} is missing or fails its checksum; not pushing a bad file")
+            meta = {"label": e["file"], "graph_hash": e["graph_hash"], "passes": e["passes"]}
+            done += store.put(e["cache_key"], path.read_bytes(), meta)
+        else:  # pull: fetch what is missing or damaged locally
+            if path.is_file() and sha256_file(path) == e["sha256"]:
+                continue
+            entry = store.get(e["cache_key"])
+            if entry is None or entry.sha256 != e["sha256"]:
+                raise ConfigError(f"{store.url} has no entry for {e['file']} matching the manifest's sha256")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(entry.data)
+            done += 1
+    verb = "pushed" if args.action == "push" else "pulled"
+    console.print(f"{verb} {done} of {len(files)} files ({store.url})")
+    return 0
 
 
 def _cmd_verify(args, console) -> int:
@@ -221,7 +294,7 @@ def _cmd_verify(args, console) -> int:
         for line in result["checks"]:
             console.print(f"[green]ok[/] {line}")
         console.print(
-            f"parity step vs eager: " + ", ".join(f"{k} rel L2 {v:.2e}" for k, v in result["parity"].items())
+            "parity step vs eager: " + ", ".join(f"{k} rel L2 {v:.2e}" for k, v in result["parity"].items())
             + f" (bound {result['bound']:.0e}); {result['compilations']} compilation(s) while loading and running"
         )
     return 0 if result["ok"] else 1
@@ -326,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_build(args, console)
         if args.command == "verify":
             return _cmd_verify(args, console)
+        if args.command == "cache":
+            return _cmd_cache(args, console)
         if args.command == "models":
             return _cmd_models(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
         if args.command == "passes":

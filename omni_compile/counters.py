@@ -18,6 +18,8 @@ class CompilationCounters:
     regions_compiled: int = 0
     # Region compiles whose Inductor result came from a cache (our passes did not run).
     region_cache_hits: int = 0
+    # AOTInductor packages compiled by an artifact build (a package taken from a store is not counted).
+    aot_compiles: int = 0
     # Times the pass manager ran over a post-grad graph.
     pass_manager_runs: int = 0
     # Pattern matches per pass name.

@@ -167,25 +167,35 @@ class CompiledFile:
     passes: dict[str, int]
     resolutions: dict[str, dict]
     attention: dict[str, dict]
+    source: str = "compiled"  # or "store": taken from a shared store (omni_compile.cache)
+    cache_key: str | None = None
+
+
+def export_region(module: nn.Module, example: tuple[tuple, dict]):
+    """`module` exported at `example` with its state as an input; returns (program, graph hash)."""
+    args, kwargs = example
+    with torch.no_grad():
+        ep = torch.export.export(_Functional(module), (module_state(module), args, kwargs), strict=False)
+    return ep, hashlib.sha256(ep.graph_module.code.encode()).hexdigest()
 
 
 def compile_package(
-    module: nn.Module, example: tuple[tuple, dict], path: Path, pass_manager: PassManager, label: str
+    module: nn.Module, example: tuple[tuple, dict], path: Path, pass_manager: PassManager, label: str, exported=None
 ) -> CompiledFile:
-    """Export `module` at `example` with its state as an input and AOT-compile it into `path` (.pt2)."""
+    """Export `module` at `example` with its state as an input (or take `exported`, the result of
+    `export_region`) and AOT-compile it into `path` (.pt2)."""
+    from omni_compile import counters
     from omni_compile.artifact.manifest import sha256_file
 
-    args, kwargs = example
     t0 = time.perf_counter()
-    with torch.no_grad():
-        ep = torch.export.export(_Functional(module), (module_state(module), args, kwargs), strict=False)
-    graph_hash = hashlib.sha256(ep.graph_module.code.encode()).hexdigest()
+    ep, graph_hash = exported or export_region(module, example)
     log = PassLog(label=label)
     path.parent.mkdir(parents=True, exist_ok=True)
     with pass_manager.recording(log):
         torch._inductor.aoti_compile_and_package(
             ep, package_path=str(path), inductor_configs={"post_grad_custom_post_pass": pass_manager}
         )
+    counters.aot_compiles += 1
     return CompiledFile(
         file=str(path),
         sha256=sha256_file(path),

@@ -42,6 +42,12 @@ def build_artifact(opts, events) -> dict[str, Any]:
     from omni_compile.builder import _check_out, _sync, resolve_build
 
     t_start = time.perf_counter()
+    compiles_before = _compilations()
+    session = None
+    if opts.store:
+        from omni_compile.cache.session import StoreSession
+
+        session = StoreSession(opts.store, warn=getattr(events, "on_warning", None))
     if opts.cache_from:
         raise ConfigError("--cache-from warm-starts a JIT build; use it with --mode jit")
     spec, dtype, device, buckets, pm = resolve_build(opts)
@@ -86,14 +92,24 @@ def build_artifact(opts, events) -> dict[str, Any]:
     try:
         jobs = [(t, sig) for t in targets for sig in recorder.records[t.name].examples]
         compiled: dict[tuple[str, str], aot.CompiledFile] = {}
+        to_publish = []  # published to the store only once the artifact has passed its checks
         for i, (t, sig) in enumerate(jobs, 1):
             rec = recorder.records[t.name]
             module = dict(t.instances)[rec.instances[sig][0]]
             rel = Path("regions") / t.name / f"{sig}.pt2"
             label = f"{t.name}@{sig}"
-            events.on_stage(f"compiling {t.kind} {t.name} [{aot.describe_key(rec.keys[sig])}] ({i}/{len(jobs)})")
+            what = f"{t.kind} {t.name} [{aot.describe_key(rec.keys[sig])}] ({i}/{len(jobs)})"
             try:
-                cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label)
+                exported = aot.export_region(module, rec.examples[sig])
+                key = _cache_key(exported[1], rec.keys[sig], pm, platform)
+                cf = _from_store(session, key, tmp / rel, exported[1]) if session else None
+                if cf is not None:
+                    events.on_stage(f"from the store: {what}")
+                else:
+                    events.on_stage(f"compiling {what}")
+                    cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported)
+                    to_publish.append((key, tmp / rel, _entry_meta(cf, label)))
+                cf.cache_key = key
             except Exception as e:
                 if t.kind == "block":
                     raise OmniCompileError(f"ahead-of-time compile of region {t.name} failed: {type(e).__name__}: {e}") from e
@@ -112,8 +128,12 @@ def build_artifact(opts, events) -> dict[str, Any]:
         # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
         from omni_compile.artifact.loader import install, probe_load
 
-        events.on_stage("loading the compiled files in a child process")
-        probe_load(tmp, manifest)
+        # Files from the store passed this probe and the parity check on the node that published them
+        # (same key: same platform); the files compiled here are probed before anything loads them here.
+        fresh = {str(path.relative_to(tmp)) for _, path, _ in to_publish}
+        if fresh:
+            events.on_stage(f"loading the {len(fresh)} compiled file(s) in a child process")
+            probe_load(tmp, manifest, only=fresh)
         events.on_stage("checking the compiled artifact against eager on every bucket")
         installed = install(model, manifest, tmp)
         parity = {}
@@ -133,11 +153,17 @@ def build_artifact(opts, events) -> dict[str, Any]:
                 "rebuild with --passes=none to see whether a pass is the cause"
             )
         manifest["parity"] = parity
+        if session is not None:
+            for key, path, meta in to_publish:
+                session.publish(key, path.read_bytes(), meta)
+            manifest["store"] = session.stats.to_json()
         manifest["timing"] = {
             "model_load_seconds": round(load_seconds, 3),
             "compile_seconds": round(sum(c.seconds for c in compiled.values()), 3),
             "wall_seconds": round(time.perf_counter() - t_start, 3),
         }
+        done = _compilations()
+        manifest["compilations"] = {k: done[k] - compiles_before[k] for k in done}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / REPORT_DIR).mkdir(exist_ok=True)
         (tmp / REPORT_DIR / "build_report.json").write_text(json.dumps(_report(manifest, compiled), indent=2) + "\n")
@@ -151,6 +177,54 @@ def build_artifact(opts, events) -> dict[str, Any]:
 # Relative L2 of the artifact's output against eager that a build accepts (bf16 rounds where the
 # fused kernels round the unfused graph's bf16 tensors; fp32 differs only by reassociation).
 PARITY_BOUND = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+def _compilations() -> dict[str, int]:
+    """AOTInductor packages compiled and Dynamo graphs traced so far in this process."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    from omni_compile import counters
+
+    return {"aot_compiles": counters.aot_compiles, "dynamo_graphs": int(dynamo_counters["stats"].get("unique_graphs", 0))}
+
+
+def _cache_key(graph_hash: str, call_key: tuple, pm, platform) -> str:
+    """The store key of one package (omni_compile.cache.key): graph, signature, passes, platform."""
+    from omni_compile.cache.key import KeyFactors, device_arch
+
+    return KeyFactors(
+        graph_hash=graph_hash,
+        signature=repr(call_key),
+        pass_uuid=pm.uuid(),
+        torch_version=platform.torch_version,
+        triton_version=platform.triton_version,
+        device_arch=device_arch(platform),
+        omni_compile_version=omni_compile.__version__,
+        build_options={"mode": "aot", "format": "aoti-package"},
+    ).key()
+
+
+def _entry_meta(cf: aot.CompiledFile, label: str) -> dict[str, Any]:
+    return {"label": label, "graph_hash": cf.graph_hash, "passes": cf.passes, "resolutions": cf.resolutions,
+            "attention": cf.attention, "compile_seconds": round(cf.seconds, 3)}  # fmt: skip
+
+
+def _from_store(session, key: str, path: Path, graph_hash: str) -> aot.CompiledFile | None:
+    """The package `key` from the store, written to `path`, or None (a miss, or a store failure)."""
+    from omni_compile.artifact.manifest import sha256_file
+
+    entry = session.fetch(key)
+    if entry is None:
+        return None
+    meta = entry.meta
+    if meta.get("graph_hash") != graph_hash:  # the key covers the hash; a mismatch is a bad entry
+        session.fetch_failed(key, f"entry {key} was stored for another graph")
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(entry.data)
+    return aot.CompiledFile(file=str(path), sha256=sha256_file(path), graph_hash=graph_hash, seconds=0.0,
+                            passes=meta.get("passes", {}), resolutions=meta.get("resolutions", {}),
+                            attention=meta.get("attention", {}), source="store")  # fmt: skip
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
@@ -197,6 +271,8 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
                 "instances": rec.instances[sig],
                 "passes": cf.passes,
                 "compile_seconds": round(cf.seconds, 3),
+                "cache_key": cf.cache_key,
+                "source": cf.source,
             }
             for name, n in cf.passes.items():
                 matches[name] = matches.get(name, 0) + n

@@ -138,7 +138,7 @@ print("all loaded", flush=True)
 """
 
 
-def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600) -> None:
+def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600, only: set[str] | None = None) -> None:
     """Load every compiled file of the artifact in a child process first: a package that crashes the
     loader (a native fault inside AOTInductor, which no Python error handler can catch) then fails this
     call with the file's name instead of killing the caller. Costs one Python start (a few seconds)."""
@@ -146,7 +146,7 @@ def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600) -> No
     import subprocess
     import sys
 
-    files = [e["file"] for e in artifact_files(manifest)]
+    files = [e["file"] for e in artifact_files(manifest) if only is None or e["file"] in only]
     kind = manifest["platform"].get("kind") or "cpu"
     try:
         proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, *files],

@@ -1,0 +1,176 @@
+"""`omni-compile build --store URL`: nodes sharing compiled files through a real directory and a real Redis.
+
+Each "node" is a separate CLI process with its own Inductor cache directory and output path. Builds are
+flux-tiny at one bucket (8 AOTInductor packages, about a minute on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_cache_store import RedisServer, _need_redis, redis_server  # noqa: F401  (fixture)
+from test_cli import cli
+
+pytestmark = pytest.mark.compile
+
+SHAPE = "64x64"
+
+
+def _build(tmp_path, name, store, subprocess_env, *extra):
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{name}"))
+    out = tmp_path / name
+    proc = cli("build", "flux-tiny", "--shapes", SHAPE, "--out", str(out), "--store", store, *extra, env=env,
+               timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "manifest.json").read_text()), proc.stderr
+
+
+def _files(manifest):
+    return {e["file"]: e for r in manifest["regions"] for es in r["buckets"].values() for e in es}
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server):
+    yield redis_server.url(0, "chunk_mb=1")
+
+
+@pytest.fixture(params=["file", "redis"])
+def store_url(request, tmp_path):
+    if request.param == "file":
+        return f"file://{tmp_path / 'shared'}"
+    url = request.getfixturevalue("redis_url")
+    from omni_compile.cache import open_store
+
+    open_store(url).client.flushdb()
+    return url
+
+
+def test_second_node_compiles_nothing_and_writes_the_same_files(tmp_path, store_url, subprocess_env):
+    a, _ = _build(tmp_path, "node-a", store_url, subprocess_env)
+    n = len(_files(a))
+    assert a["compilations"]["aot_compiles"] == n and a["store"]["published"] == n and a["store"]["hits"] == 0
+    b, err = _build(tmp_path, "node-b", store_url, subprocess_env)
+    assert b["compilations"] == {"aot_compiles": 0, "dynamo_graphs": 0}, b["compilations"]
+    assert b["store"]["hits"] == n and b["store"]["misses"] == 0 and b["store"]["published"] == 0
+    assert "from the store" in err and "hit(s)" in err
+    fa, fb = _files(a), _files(b)
+    assert {f: e["sha256"] for f, e in fa.items()} == {f: e["sha256"] for f, e in fb.items()}
+    assert all(e["source"] == "store" for e in fb.values())
+    # the keys do not depend on the output path, the time or the process: the same on both nodes
+    assert {e["cache_key"] for e in fa.values()} == {e["cache_key"] for e in fb.values()}
+    assert b["fusion"]["matches"] == a["fusion"]["matches"]  # pass results travel with the entries
+    assert all(p["rel_l2_vs_eager"] < 1e-4 for p in b["parity"].values())
+
+
+def test_corrupt_entry_is_rebuilt_and_replaced(tmp_path, subprocess_env):
+    url = f"file://{tmp_path / 'shared'}"
+    a, _ = _build(tmp_path, "node-a", url, subprocess_env)
+    from omni_compile.cache import FileStore
+
+    store = FileStore(tmp_path / "shared")
+    victim = next(e for e in _files(a).values() if e["file"].startswith("regions/FluxTransformerBlock"))
+    blob = store._blob_path(store.get(victim["cache_key"]).sha256)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    blob.write_bytes(bytes(data))
+    b, err = _build(tmp_path, "node-b", url, subprocess_env)
+    assert "is corrupt" in err and "replacing the entry" in err
+    assert b["compilations"]["aot_compiles"] == 1 and b["store"]["repaired"] == 1
+    assert store.get(victim["cache_key"]) is not None  # verified again after the repair
+    c, _ = _build(tmp_path, "node-c", url, subprocess_env)
+    assert c["compilations"]["aot_compiles"] == 0 and c["store"]["errors"] == []
+
+
+def test_redis_stopped_mid_build_the_build_succeeds_locally(tmp_path, subprocess_env):
+    _need_redis()
+    server = RedisServer(tmp_path / "redis")
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    out = tmp_path / "art"
+    proc = subprocess.Popen([sys.executable, "-m", "omni_compile.cli", "build", "flux-tiny", "--shapes", SHAPE,
+                             "--out", str(out), "--store", server.url(0, "timeout=2")], env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)  # fmt: skip
+    lines = []
+    stopped = False
+    for line in proc.stderr:
+        lines.append(line)
+        if not stopped and "compiling glue" in line:  # two lookups answered, then the store dies
+            server.stop()
+            stopped = True
+    assert proc.wait(600) == 0, "".join(lines[-30:])
+    text = "".join(lines)
+    assert stopped and "warning:" in text and "building locally without it" in text
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["store"]["misses"] >= 2 and m["store"]["published"] == 0 and m["store"]["errors"], m["store"]
+    assert m["compilations"]["aot_compiles"] == len(_files(m))
+    assert all(p["rel_l2_vs_eager"] < 1e-4 for p in m["parity"].values())
+
+
+def test_unreachable_store_does_not_fail_the_build(tmp_path, subprocess_env):
+    t0 = time.perf_counter()
+    m, err = _build(tmp_path, "art", "redis://127.0.0.1:1/0?timeout=1", subprocess_env)
+    assert "building locally without it" in err and m["store"]["hits"] == 0 and m["store"]["published"] == 0
+    assert m["compilations"]["aot_compiles"] == len(_files(m))
+    assert time.perf_counter() - t0 < 600
+
+
+def test_cache_cli_ls_push_pull_rm_gc(tmp_path, subprocess_env):
+    a, _ = _build(tmp_path, "node-a", f"file://{tmp_path / 'first'}", subprocess_env)
+    url = f"file://{tmp_path / 'second'}"
+    proc = cli("cache", "push", str(tmp_path / "node-a"), "--store", url, env=subprocess_env)
+    n = len(_files(a))
+    assert proc.returncode == 0 and f"pushed {n} of {n} files" in proc.stderr, proc.stderr
+    proc = cli("cache", "ls", "--store", url, "--json", env=subprocess_env)
+    listed = json.loads(proc.stdout)
+    assert sorted(e["key"] for e in listed) == sorted(e["cache_key"] for e in _files(a).values())
+    victim = next(iter(_files(a).values()))
+    (tmp_path / "node-a" / victim["file"]).unlink()
+    proc = cli("cache", "pull", str(tmp_path / "node-a"), "--store", url, env=subprocess_env)
+    assert proc.returncode == 0 and f"pulled 1 of {n} files" in proc.stderr, proc.stderr
+    assert cli("verify", str(tmp_path / "node-a"), env=subprocess_env).returncode == 0
+    proc = cli("cache", "rm", victim["cache_key"], "--store", url, env=subprocess_env)
+    assert proc.returncode == 0 and "removed 1 of 1" in proc.stderr
+    proc = cli("cache", "gc", "--store", url, env=subprocess_env)
+    assert proc.returncode == 0 and "1 blobs" in proc.stderr, proc.stderr
+    proc = cli("cache", "ls", "--store", "ftp://x", env=subprocess_env)
+    assert proc.returncode == 2 and "unsupported store URL" in proc.stderr
+
+
+BUILDER = r"""
+import json, sys
+from omni_compile.builder import BuildEvents, BuildOptions, build
+m = build(BuildOptions(model="flux-tiny", shapes=sys.argv[1], out=sys.argv[2], store=sys.argv[3]), BuildEvents())
+print("RESULT " + json.dumps({"store": m["store"], "compilations": m["compilations"]}))
+"""
+
+
+def test_eight_concurrent_builders_leave_one_valid_entry_per_key(tmp_path, redis_url, subprocess_env):
+    from omni_compile.cache import open_store
+
+    store = open_store(redis_url)
+    store.client.flushdb()
+    procs = []
+    for i in range(8):
+        env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{i}"))
+        procs.append(subprocess.Popen([sys.executable, "-c", BUILDER, SHAPE, str(tmp_path / f"art-{i}"), redis_url],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    outs = [p.communicate(timeout=1500) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs if err]
+    results = [json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:]) for out, _ in outs]
+    assert all(r["store"]["errors"] == [] for r in results)
+    keys = set()
+    for i in range(8):
+        keys |= {e["cache_key"] for e in _files(json.loads((tmp_path / f"art-{i}" / "manifest.json").read_text())).values()}
+    entries = store.list()
+    assert sorted(e.key for e in entries) == sorted(keys)
+    assert all(store.get(k) is not None for k in keys)  # each one verifies
+
+
+def test_store_with_jit_mode_is_refused(tmp_path, subprocess_env):
+    proc = cli("build", "flux-tiny", "--mode", "jit", "--store", f"file://{tmp_path}", "--out", str(tmp_path / "o"),
+               env=subprocess_env)  # fmt: skip
+    assert proc.returncode == 2 and "--store shares an artifact build's compiled files; use it with --mode aot" in proc.stderr
