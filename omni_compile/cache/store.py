@@ -91,6 +91,23 @@ class Store(ABC):
         """Remove leftovers of interrupted writes and unreferenced blobs, and entries older than
         `max_age_s` when given; returns counts of what was removed."""
 
+    def _parse_index(self, key: str, raw: str | bytes, **extra_fields: str) -> Entry:
+        """An entry's index (JSON) as an Entry; `extra_fields` (meta name -> index field) are carried in
+        `meta` for the store's own use. An unreadable index is a corrupt entry."""
+        try:
+            d = json.loads(raw)
+            meta = dict(d.get("meta", {}), **{name: d[f] for name, f in extra_fields.items()})
+            return Entry(key=key, sha256=d["sha256"], size=d["size"], created=d["created"], meta=meta)
+        except (ValueError, KeyError) as e:
+            raise CorruptEntryError(f"{self.url}: the index of entry {key} is unreadable: {e}") from e
+
+    def _holds_valid(self, key: str) -> bool:
+        """Whether `key` has a verified entry (a corrupt one does not count: put replaces it)."""
+        try:
+            return self.get(key) is not None
+        except CorruptEntryError:
+            return False
+
     def _verify(self, entry: Entry, data: bytes) -> Entry:
         if len(data) != entry.size or _sha256(data) != entry.sha256:
             raise CorruptEntryError(
@@ -149,11 +166,7 @@ class FileStore(Store):
             return None
         except OSError as e:
             raise StoreUnavailableError(f"{self.url}: cannot read entry {key}: {e}") from e
-        try:
-            d = json.loads(raw)
-            return Entry(key=key, sha256=d["sha256"], size=d["size"], created=d["created"], meta=d.get("meta", {}))
-        except (ValueError, KeyError) as e:
-            raise CorruptEntryError(f"{self.url}: the index of entry {key} is unreadable: {e}") from e
+        return self._parse_index(key, raw)
 
     def get(self, key: str) -> Entry | None:
         entry = self._read_index(key)
@@ -169,12 +182,8 @@ class FileStore(Store):
 
     def put(self, key: str, data: bytes, meta: dict[str, Any] | None = None, *, replace: bool = False) -> bool:
         _check_key(key)
-        if not replace:
-            try:
-                if self.get(key) is not None:
-                    return False
-            except CorruptEntryError:
-                pass  # a bad entry is replaced
+        if not replace and self._holds_valid(key):
+            return False
         sha = _sha256(data)
         index = json.dumps({"sha256": sha, "size": len(data), "created": time.time(), "meta": meta or {}}).encode()
         try:
@@ -281,12 +290,7 @@ class RedisStore(Store):
         raw = self._call(f"reading entry {key}", self.client.get, self._index_key(key))
         if raw is None:
             return None
-        try:
-            d = json.loads(raw)
-            return Entry(key=key, sha256=d["sha256"], size=d["size"], created=d["created"],
-                         meta=dict(d.get("meta", {}), _chunks=d["chunks"]))  # fmt: skip
-        except (ValueError, KeyError) as e:
-            raise CorruptEntryError(f"{self.url}: the index of entry {key} is unreadable: {e}") from e
+        return self._parse_index(key, raw, _chunks="chunks")
 
     def get(self, key: str) -> Entry | None:
         entry = self._index(key)
@@ -301,12 +305,8 @@ class RedisStore(Store):
 
     def put(self, key: str, data: bytes, meta: dict[str, Any] | None = None, *, replace: bool = False) -> bool:
         _check_key(key)
-        if not replace:
-            try:
-                if self.get(key) is not None:
-                    return False
-            except CorruptEntryError:
-                pass
+        if not replace and self._holds_valid(key):
+            return False
         sha = _sha256(data)
         pieces = [data[i : i + self.chunk] for i in range(0, len(data), self.chunk)]
         names = self._chunk_keys(key, sha, len(pieces))
