@@ -213,13 +213,10 @@ def _from_store(session, key: str, path: Path, graph_hash: str) -> aot.CompiledF
     """The package `key` from the store, written to `path`, or None (a miss, or a store failure)."""
     from omni_compile.artifact.manifest import sha256_file
 
-    entry = session.fetch(key)
+    entry = session.fetch(key, graph_hash)
     if entry is None:
         return None
     meta = entry.meta
-    if meta.get("graph_hash") != graph_hash:  # the key covers the hash; a mismatch is a bad entry
-        session.fetch_failed(key, f"entry {key} was stored for another graph")
-        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(entry.data)
     return aot.CompiledFile(file=str(path), sha256=sha256_file(path), graph_hash=graph_hash, seconds=0.0,

@@ -55,12 +55,16 @@ class StoreSession:
         self.store = None
         self.warn_fn(msg)
 
-    def fetch(self, key: str) -> Entry | None:
+    def fetch(self, key: str, graph_hash: str | None = None) -> Entry | None:
+        """The verified entry of `key`, or None. An entry stored for another graph than `graph_hash`
+        (the key covers the hash, so only a bad writer makes one) is treated like a corrupt one."""
         if self.store is None:
             return None
         t0 = time.perf_counter()
         try:
             entry = self.store.get(key)
+            if entry is not None and graph_hash is not None and entry.meta.get("graph_hash") != graph_hash:
+                raise CorruptEntryError(f"{self.stats.url}: entry {key} was stored for another graph")
         except CorruptEntryError as e:
             self._corrupt.add(key)
             self.stats.errors.append(str(e))
@@ -77,14 +81,6 @@ class StoreSession:
             self.stats.hits += 1
             self.stats.bytes_down += entry.size
         return entry
-
-    def fetch_failed(self, key: str, why: str) -> None:
-        """A fetched entry that turned out unusable: counted as a miss, replaced after the compile."""
-        self.stats.hits -= 1
-        self.stats.misses += 1
-        self._corrupt.add(key)
-        self.stats.errors.append(why)
-        self.warn_fn(why)
 
     def publish(self, key: str, data: bytes, meta: dict[str, Any]) -> None:
         if self.store is None:
