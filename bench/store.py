@@ -1,12 +1,16 @@
 """Second-node build time with a shared store vs a cold build, side by side (issue 6).
 
     python bench/store.py --model flux-tiny --shapes 64x64 --store file:///tmp/omni-store [--repeat 3]
+    python bench/store.py --model flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
+        --store file:///tmp/s --modes first,second --keep DIR      # W1 on a GPU: two builds, artifacts kept
 
 Per repetition, each a fresh CLI process with its own empty Inductor cache and output directory:
 `cold` (no store), `first` (empty store: compiles and publishes), `second` (the store is full: a second
 node). Reports the process wall time, the build's own wall time and model-load time from the manifest,
 "build work besides reading weights" (build wall - model load), the AOT compiles and the store summary;
 then median [min-max] per mode. The store is emptied (its entries deleted) before each `first`.
+`--modes` picks modes (default cold,first,second); `--keep DIR` writes the builds' artifacts under DIR
+(DIR/MODE-REPETITION) and keeps them.
 """
 
 from __future__ import annotations
@@ -48,15 +52,21 @@ def main() -> int:
     ap.add_argument("--device")
     ap.add_argument("--store", required=True)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--modes", default="cold,first,second")
+    ap.add_argument("--keep", metavar="DIR", help="write the artifacts under DIR and keep them")
     ap.add_argument("--json")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if not set(modes) <= {"cold", "first", "second"}:
+        ap.error("--modes: a comma list of cold, first, second")
     from omni_compile.cache import open_store
 
     store = open_store(args.store)
-    work = Path(tempfile.mkdtemp(prefix="omni-store-bench-"))
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="omni-store-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     results = []
     for i in range(args.repeat):
-        for mode in ("cold", "first", "second"):
+        for mode in modes:
             if mode == "first":
                 for e in store.list():
                     store.delete(e.key)
@@ -67,7 +77,7 @@ def main() -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(f"{'mode':<8} {'process s':>22} {'build work s (besides weights)':>32} {'AOT compiles':>13} {'store hits':>10}")
-    for mode in ("cold", "first", "second"):
+    for mode in modes:
         rows = [r for r in results if r["mode"] == mode and "error" not in r]
         if not rows:
             print(f"{mode:<8} ERROR")

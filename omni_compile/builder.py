@@ -53,6 +53,7 @@ class BuildOptions:
     compile: CompileConfig = field(default_factory=CompileConfig)
     cache_from: str | None = None
     store: str | None = None  # file://PATH or redis://... : shared store of compiled files (aot mode)
+    format: str | None = None  # aot mode: "aoti-package" or "inductor-standalone" (None: by device, aot.FORMATS)
     force: bool = False
     mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
 
@@ -110,6 +111,8 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
         raise ConfigError(f"unknown build mode {opts.mode!r}; use aot (a prebuilt artifact) or jit")
     if opts.store and opts.mode != "aot":
         raise ConfigError("--store shares an artifact build's compiled files; use it with --mode aot")
+    if opts.format and opts.mode != "aot":
+        raise ConfigError("--format chooses an artifact build's compiled-file format; use it with --mode aot")
     if opts.mode == "aot":
         from omni_compile.artifact.build import build_artifact
 

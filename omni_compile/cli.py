@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--store", metavar="URL", help="shared store of compiled files: file://PATH or "
                    "redis://[:PASSWORD@]HOST:PORT/DB (looked up before compiling, published after; --mode aot)")
+    b.add_argument("--format", choices=("aoti-package", "inductor-standalone"),
+                   help="compiled-file format (--mode aot; default: inductor-standalone on CUDA, aoti-package "
+                   "elsewhere; docs/artifact.md#compiled-file-formats)")
     b.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
@@ -166,6 +169,7 @@ def _cmd_build(args, console) -> int:
         compile=config,
         cache_from=args.cache_from,
         store=args.store,
+        format=args.format,
         force=args.force,
         mode=args.mode,
     )
@@ -267,7 +271,7 @@ def _cmd_cache(args, console) -> int:
         if args.action == "push":
             if not path.is_file() or sha256_file(path) != e["sha256"]:
                 raise ConfigError(f"{root}: {e['file']} is missing or fails its checksum; not pushing a bad file")
-            meta = {"label": e["file"], "graph_hash": e["graph_hash"], "passes": e["passes"]}
+            meta = {"label": e["file"], "graph_hash": e["graph_hash"], "passes": e["passes"], "pytree": e.get("pytree")}
             done += store.put(e["cache_key"], path.read_bytes(), meta)
         else:  # pull: fetch what is missing or damaged locally
             if path.is_file() and sha256_file(path) == e["sha256"]:

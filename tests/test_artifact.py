@@ -161,7 +161,7 @@ def test_a_loader_crash_in_the_probe_is_reported_not_fatal(artifacts, tmp_path, 
     art, m = _copy(artifacts, tmp_path)
     crashed = subprocess.CompletedProcess([], -11, stdout=f"loading {_block_file(m)}\n", stderr="")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: crashed)
-    with pytest.raises(ArtifactError, match=re.escape(f"AOTInductor loader crashed (SIGSEGV) while loading {_block_file(m)}")):
+    with pytest.raises(ArtifactError, match=re.escape(f"the loader crashed (SIGSEGV) while loading {_block_file(m)}")):
         loader.probe_load(art, m)
 
 
@@ -227,6 +227,67 @@ def test_verify_cli(artifacts, subprocess_env):
     res = json.loads(proc.stdout)
     assert res["ok"] and res["compilations"] == 0 and set(res["parity"]) == {"64x64x5", "64x96x5"}
     assert any("compiled files match their sha256" in c for c in res["checks"])
+
+
+STANDALONE_LOAD = r"""
+import json, sys, torch
+import omni_compile
+from torch._dynamo.utils import counters
+from omni_compile.artifact.loader import _compilations
+from omni_compile.config import ShapeBucket
+from omni_compile.models import resolve_model
+
+spec = resolve_model("flux-tiny")
+model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("64x64"), dtype=torch.float32, device="cpu",
+                                     text_len=spec.text_len, seed=1)
+with torch.no_grad():
+    ref = model(**inputs)[0].clone()
+    loaded = omni_compile.load(sys.argv[1], weights=model)
+    out = loaded(**inputs)[0]
+print("RESULT " + json.dumps({"err": float((out.double() - ref.double()).norm() / ref.double().norm()),
+    "compilations": _compilations(), "hits": counters["inductor"].get("fxgraph_cache_hit", 0),
+    "calls": loaded._omni_artifact.stats["compiled_calls"]}))
+"""
+
+
+def test_standalone_format_builds_shares_through_a_store_and_loads(tmp_path, subprocess_env):
+    """--format inductor-standalone (the CUDA default) on the CPU: the passes run inside the compile,
+    the files go through a store to a second node with their call specs, and a fresh process loads
+    them with no Dynamo graph and no Inductor compile (every graph an FX-cache hit from the file)."""
+    store = f"file://{tmp_path / 'store'}"
+    builds = []
+    for node in ("a", "b"):
+        env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{node}"))
+        proc = cli("build", "flux-tiny", "--shapes", "64x64", "--format", "inductor-standalone", "--store", store,
+                   "--out", str(tmp_path / node), "-q", env=env, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        builds.append(json.loads((tmp_path / node / "manifest.json").read_text()))
+    a, b = builds
+    assert a["build"]["format"] == "inductor-standalone"
+    files = [e for r in a["regions"] for es in r["buckets"].values() for e in es]
+    assert files and all(e["file"].endswith(".bin") and e["pytree"]["in"] and e["pytree"]["out"] for e in files)
+    # per bucket, the same matches as the AOTInductor build (test_manifest_describes_the_build: two buckets)
+    assert a["fusion"]["matches"] == {"rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "attention": 2, "lower_fused_ops": 9}
+    assert a["compilations"]["aot_compiles"] == len(files) and b["compilations"]["aot_compiles"] == 0
+    assert b["store"]["hits"] == len(files) and b["fusion"]["matches"] == a["fusion"]["matches"]
+    sums = lambda m: sorted((e["file"], e["sha256"], json.dumps(e["pytree"])) for r in m["regions"]
+                            for es in r["buckets"].values() for e in es)  # fmt: skip
+    assert sums(a) == sums(b)
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-load"))
+    proc = subprocess.run([sys.executable, "-P", "-c", STANDALONE_LOAD, str(tmp_path / "b")], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert res["compilations"] == 0 and res["hits"] == len(files) and res["calls"] > 0, res
+    assert res["err"] < 1e-4, res
+
+
+def test_format_is_checked(tmp_path, subprocess_env):
+    assert_user_error(cli("build", "flux-tiny", "--mode", "jit", "--format", "aoti-package", "--out",
+                          str(tmp_path / "o"), env=subprocess_env),
+                      "--format chooses an artifact build's compiled-file format; use it with --mode aot")  # fmt: skip
+    assert not (tmp_path / "o").exists()
 
 
 def test_not_an_artifact(tmp_path, subprocess_env):

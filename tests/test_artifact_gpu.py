@@ -1,5 +1,6 @@
-"""Prebuilt artifacts on a CUDA GPU: our Triton kernels and the attention backend survive AOTInductor,
-the load compiles nothing, and CUDA graphs (one per bucket) replay the same outputs. Skipped without a GPU.
+"""Prebuilt artifacts on a CUDA GPU (the default format there, Inductor standalone files): our Triton
+kernels and the attention backend survive the ahead-of-time compile, the load compiles nothing (no Dynamo
+graph, no Inductor graph), and CUDA graphs (one per bucket) replay the same outputs. Skipped without a GPU.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ LOAD_SCRIPT = r"""
 import json, sys, torch
 import omni_compile
 from torch._dynamo.utils import counters
+from omni_compile.artifact.loader import _compilations
 from omni_compile.config import ShapeBucket
 from omni_compile.models import resolve_model
 
@@ -66,7 +68,8 @@ with torch.no_grad():
         again[b] = bool(torch.equal(first, second))
 art = loaded._omni_artifact
 print("RESULT " + json.dumps({
-    "errs": errs, "again": again, "dynamo": {k: dict(v) for k, v in counters.items() if v},
+    "errs": errs, "again": again, "compilations": _compilations(),
+    "dynamo_stats": dict(counters["stats"]), "inductor": dict(counters["inductor"]),
     "regions_compiled": omni_compile.counters.regions_compiled, "stats": art.stats,
     "graphs": None if art.cuda_graphs is None else dict(art.cuda_graphs.stats, graphs=art.cuda_graphs.graphs),
 }))
@@ -79,7 +82,12 @@ def test_cuda_artifact_loads_with_zero_compilations(cuda_artifact, subprocess_en
                           env=subprocess_env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-    assert res["dynamo"] == {} and res["regions_compiled"] == 0, res
+    assert res["compilations"] == 0 and res["regions_compiled"] == 0 and not res["dynamo_stats"], res
+    m = json.loads((cuda_artifact / "manifest.json").read_text())
+    assert m["build"]["format"] == "inductor-standalone"
+    # every graph comes from its file (an FX-cache hit)
+    assert res["inductor"].get("fxgraph_cache_hit") == len({e["file"] for r in m["regions"] for es in r["buckets"].values()
+                                                           for e in es}), res  # fmt: skip
     assert set(res["errs"]) == set(SHAPES.split(",")) and all(e < 3e-2 for e in res["errs"].values()), res
     assert all(res["again"].values()), res
     if graphs:

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of regions: one AOTInductor package per (region, call signature).
+"""Ahead-of-time compilation of regions: one compiled file per (region, call signature).
 
 A region is a repeated block class (`graphs.regions`) or a piece of glue: a direct child module of the
 transformer that holds no block (FLUX's `x_embedder`, `time_text_embed`, `pos_embed`, `norm_out`,
@@ -6,9 +6,9 @@ transformer that holds no block (FLUX's `x_embedder`, `time_text_embed`, `pos_em
 arguments each instance is called with. For each distinct call signature (tensor shapes, strides and
 dtypes, other values, pytree structure) the first instance's module is exported with its parameters
 and buffers as inputs (`torch.func.functional_call` under `torch.export`), so one package serves every
-instance; Inductor compiles it with our pass manager as the post-grad pass and packages it
-(`torch._inductor.aoti_compile_and_package`). Loading a package (`aoti_load_package`) runs no Dynamo
-and no Inductor: it maps a shared library.
+instance; Inductor compiles it with our pass manager as the post-grad pass, into an AOTInductor package
+(`torch._inductor.aoti_compile_and_package`; loading maps a shared library) or an Inductor standalone
+artifact (`standalone_compile`; loading runs no Dynamo and compiles no Triton kernel). See FORMATS.
 
 The few tensor operations of the transformer's own `forward` between those modules (concatenations,
 reshapes, the timestep scale) stay in Python; CUDA graphs (`runtime.cuda_graphs`) capture them with
@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,21 @@ class _Functional(nn.Module):
         return torch.func.functional_call(self._target, state, args, kwargs, strict=True)
 
 
+# The compiled-file formats. "aoti-package": an AOTInductor package (.pt2), a shared library the loader
+# maps (no Dynamo, no Inductor, no compiler at load). "inductor-standalone": Inductor's standalone
+# artifact (`torch._inductor.standalone_compile`, saved binary): the FX-graph cache entry with its
+# Python wrapper and, on CUDA, the compiled Triton kernels (cubins); loading it imports Inductor's
+# runtime and runs no Dynamo, no tracing and no Triton compile. On CPU its C++ kernels are compiled at
+# load, so CPU builds use AOTInductor. CUDA builds default to the standalone format: on torch
+# 2.11.0+cu130 (the H200 image) every AOTInductor package, CUDA or CPU, crashes its loader in the
+# generated library's device-string parser (docs/artifact.md#compiled-file-formats).
+FORMATS = {"aoti-package": ".pt2", "inductor-standalone": ".bin"}
+
+
+def default_format(device: str) -> str:
+    return "inductor-standalone" if torch.device(device).type == "cuda" else "aoti-package"
+
+
 @dataclass
 class CompiledFile:
     file: str
@@ -169,6 +185,7 @@ class CompiledFile:
     attention: dict[str, dict]
     source: str = "compiled"  # or "store": taken from a shared store (omni_compile.cache)
     cache_key: str | None = None
+    pytree: dict[str, str] | None = None  # inductor-standalone: the call's input and output tree specs
 
 
 def export_region(module: nn.Module, example: tuple[tuple, dict]):
@@ -180,21 +197,33 @@ def export_region(module: nn.Module, example: tuple[tuple, dict]):
 
 
 def compile_package(
-    module: nn.Module, example: tuple[tuple, dict], path: Path, pass_manager: PassManager, label: str, exported=None
+    module: nn.Module,
+    example: tuple[tuple, dict],
+    path: Path,
+    pass_manager: PassManager,
+    label: str,
+    exported=None,
+    fmt: str = "aoti-package",
 ) -> CompiledFile:
     """Export `module` at `example` with its state as an input (or take `exported`, the result of
-    `export_region`) and AOT-compile it into `path` (.pt2)."""
+    `export_region`) and compile it ahead of time into `path` in format `fmt` (see FORMATS)."""
     from omni_compile import counters
     from omni_compile.artifact.manifest import sha256_file
 
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown compiled-file format {fmt!r}; known: {', '.join(FORMATS)}")
     t0 = time.perf_counter()
     ep, graph_hash = exported or export_region(module, example)
     log = PassLog(label=label)
     path.parent.mkdir(parents=True, exist_ok=True)
+    specs = None
     with pass_manager.recording(log):
-        torch._inductor.aoti_compile_and_package(
-            ep, package_path=str(path), inductor_configs={"post_grad_custom_post_pass": pass_manager}
-        )
+        if fmt == "aoti-package":
+            torch._inductor.aoti_compile_and_package(
+                ep, package_path=str(path), inductor_configs={"post_grad_custom_post_pass": pass_manager}
+            )
+        else:
+            specs = _standalone(ep, (module_state(module), *example), path, pass_manager)
     counters.aot_compiles += 1
     return CompiledFile(
         file=str(path),
@@ -204,7 +233,55 @@ def compile_package(
         passes=log.matches(),
         resolutions=log.resolutions,
         attention=log.attention,
+        pytree=specs,
     )
+
+
+def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager) -> dict[str, str]:
+    """Compile the exported program with `standalone_compile` and save it to `path`; returns the
+    serialized input and output tree specs the loader flattens and unflattens a call with."""
+    from torch._inductor.utils import fresh_cache
+
+    gm = ep.module()
+    for node in list(gm.graph.nodes):  # export's input-guard check: a submodule the cache cannot pickle
+        if node.op == "call_module" and node.target == "_guards_fn":
+            gm.graph.erase_node(node)
+    if hasattr(gm, "_guards_fn"):
+        delattr(gm, "_guards_fn")
+    out_spec = gm.graph._codegen.pytree_info.out_spec
+    gm.graph._codegen = torch.fx.graph.CodeGen()  # flat inputs in, the flat output tuple out
+    gm.recompile()
+    state, args, kwargs = example
+    flat, in_spec = pytree.tree_flatten(((state, args, kwargs), {}))
+    # A fresh Inductor cache: a hit in the machine's own cache would skip our passes (and their match
+    # log); the artifact carries everything it needs, so nothing of that cache is wanted.
+    with fresh_cache(), warnings.catch_warnings():
+        # torch's own pickling of its tree specs inside the cache entry warns about a deprecated check
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        art = torch._inductor.standalone_compile(
+            gm, flat, dynamic_shapes="from_example_inputs",
+            options={"config_patches": {"post_grad_custom_post_pass": pass_manager}},
+        )  # fmt: skip
+        art.save(path=str(path), format="binary")
+    return {"in": pytree.treespec_dumps(in_spec), "out": pytree.treespec_dumps(out_spec)}
+
+
+class StandaloneRunner:
+    """Calls a loaded `inductor-standalone` file as a package runner is called: (state, args, kwargs)."""
+
+    def __init__(self, artifact, specs: dict[str, str]):
+        self.artifact = artifact
+        self.in_spec = pytree.treespec_loads(specs["in"])
+        self.out_spec = pytree.treespec_loads(specs["out"])
+        self._checked = False
+
+    def __call__(self, state, args, kwargs):
+        flat, spec = pytree.tree_flatten(((state, args, kwargs), {}))
+        if not self._checked:  # once: the instance's state names and the call's structure are the build's
+            if spec != self.in_spec:
+                raise RuntimeError(f"call structure differs from the compiled one: {spec} vs {self.in_spec}")
+            self._checked = True
+        return pytree.tree_unflatten(list(self.artifact(*flat)), self.out_spec)
 
 
 def json_safe(value: Any) -> Any:

@@ -1,8 +1,8 @@
 """`omni-compile build` in artifact mode: compile every region x bucket ahead of time and publish.
 
 Steps: resolve the model and buckets (errors before any slow work), load it, record each target's
-calls with one eager forward per bucket (`aot.CallRecorder`), compile one AOTInductor package per
-(target, signature), check the packages against the eager forward on every bucket, and publish the
+calls with one eager forward per bucket (`aot.CallRecorder`), compile one file per (target, signature)
+(an AOTInductor package, or on CUDA an Inductor standalone artifact: `aot.FORMATS`), check the files against the eager forward on every bucket, and publish the
 directory under a temporary name renamed into place (a failed build leaves nothing behind).
 """
 
@@ -56,6 +56,9 @@ def build_artifact(opts, events) -> dict[str, Any]:
         raise ConfigError("an artifact build needs --out DIR")
     out = Path(opts.out)
     _check_out(out, opts.force)
+    fmt = opts.format or aot.default_format(device)
+    if fmt not in aot.FORMATS:
+        raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(aot.FORMATS)}")
 
     events.on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
     t0 = time.perf_counter()
@@ -96,18 +99,18 @@ def build_artifact(opts, events) -> dict[str, Any]:
         for i, (t, sig) in enumerate(jobs, 1):
             rec = recorder.records[t.name]
             module = dict(t.instances)[rec.instances[sig][0]]
-            rel = Path("regions") / t.name / f"{sig}.pt2"
+            rel = Path("regions") / t.name / f"{sig}{aot.FORMATS[fmt]}"
             label = f"{t.name}@{sig}"
             what = f"{t.kind} {t.name} [{aot.describe_key(rec.keys[sig])}] ({i}/{len(jobs)})"
             try:
                 exported = aot.export_region(module, rec.examples[sig])
-                key = _cache_key(exported[1], rec.keys[sig], pm, platform)
+                key = _cache_key(exported[1], rec.keys[sig], pm, platform, fmt)
                 cf = _from_store(session, key, tmp / rel, exported[1]) if session else None
                 if cf is not None:
                     events.on_stage(f"from the store: {what}")
                 else:
                     events.on_stage(f"compiling {what}")
-                    cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported)
+                    cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported, fmt=fmt)
                     to_publish.append((key, tmp / rel, _entry_meta(cf, label)))
                 cf.cache_key = key
             except Exception as e:
@@ -123,7 +126,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
         for rec in records.values():
             rec.examples.clear()  # drop the recorded example tensors
 
-        manifest = _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets)
+        manifest = _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets, fmt)
 
         # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
         from omni_compile.artifact.loader import install, probe_load
@@ -188,7 +191,7 @@ def _compilations() -> dict[str, int]:
     return {"aot_compiles": counters.aot_compiles, "dynamo_graphs": int(dynamo_counters["stats"].get("unique_graphs", 0))}
 
 
-def _cache_key(graph_hash: str, call_key: tuple, pm, platform) -> str:
+def _cache_key(graph_hash: str, call_key: tuple, pm, platform, fmt: str = "aoti-package") -> str:
     """The store key of one package (omni_compile.cache.key): graph, signature, passes, platform."""
     from omni_compile.cache.key import KeyFactors, device_arch
 
@@ -200,13 +203,13 @@ def _cache_key(graph_hash: str, call_key: tuple, pm, platform) -> str:
         triton_version=platform.triton_version,
         device_arch=device_arch(platform),
         omni_compile_version=omni_compile.__version__,
-        build_options={"mode": "aot", "format": "aoti-package"},
+        build_options={"mode": "aot", "format": fmt},
     ).key()
 
 
 def _entry_meta(cf: aot.CompiledFile, label: str) -> dict[str, Any]:
     return {"label": label, "graph_hash": cf.graph_hash, "passes": cf.passes, "resolutions": cf.resolutions,
-            "attention": cf.attention, "compile_seconds": round(cf.seconds, 3)}  # fmt: skip
+            "attention": cf.attention, "compile_seconds": round(cf.seconds, 3), "pytree": cf.pytree}  # fmt: skip
 
 
 def _from_store(session, key: str, path: Path, graph_hash: str) -> aot.CompiledFile | None:
@@ -221,7 +224,7 @@ def _from_store(session, key: str, path: Path, graph_hash: str) -> aot.CompiledF
     path.write_bytes(entry.data)
     return aot.CompiledFile(file=str(path), sha256=sha256_file(path), graph_hash=graph_hash, seconds=0.0,
                             passes=meta.get("passes", {}), resolutions=meta.get("resolutions", {}),
-                            attention=meta.get("attention", {}), source="store")  # fmt: skip
+                            attention=meta.get("attention", {}), source="store", pytree=meta.get("pytree"))  # fmt: skip
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
@@ -247,7 +250,7 @@ def _weights_reference(spec, opts) -> dict[str, Any]:
     return {"reference": str(root), "files": [{"path": str(f.relative_to(root)), "sha256": sha256_file(f)} for f in files]}
 
 
-def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets) -> dict[str, Any]:
+def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets, fmt) -> dict[str, Any]:
     config_json = json.dumps(spec.config, sort_keys=True, default=str)
     regions = []
     matches: dict[str, int] = {}
@@ -271,6 +274,8 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
                 "cache_key": cf.cache_key,
                 "source": cf.source,
             }
+            if cf.pytree:
+                files[sig]["pytree"] = cf.pytree
             for name, n in cf.passes.items():
                 matches[name] = matches.get(name, 0) + n
             for op, r in cf.resolutions.items():
@@ -299,6 +304,7 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
         "weights": {**_weights_reference(spec, opts), "tensors": weights_summary(model)},
         "build": {
             "mode": "aot",
+            "format": fmt,
             "dtype": dtype_name(dtype),
             "device": device,
             "buckets": [str(b) for b in buckets],

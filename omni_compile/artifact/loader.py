@@ -4,8 +4,9 @@ Before anything runs: the manifest's schema, the platform (device kind and name,
 torch/Triton/CUDA/HIP versions; every difference is listed), the sha256 of every compiled file, and the
 weights against the manifest's tensor summary (names, shapes, dtypes). Then each instance's `forward` is
 pointed at a dispatcher that picks the package compiled for the call's signature and passes the
-instance's own parameters and buffers. Nothing is traced or compiled: the packages are loaded with
-`torch._inductor.aoti_load_package`. On CUDA the whole forward is then wrapped in `CudaGraphForward`
+instance's own parameters and buffers. Nothing is traced or compiled: AOTInductor packages are mapped
+by AOTInductor's loader, Inductor standalone files (the CUDA default) by `CompiledArtifact.load`, which
+reads their compiled Triton kernels (`aot.FORMATS`). On CUDA the whole forward is then wrapped in `CudaGraphForward`
 (one graph per bucket, captured on the first call), unless `cuda_graphs=False`.
 """
 
@@ -87,12 +88,14 @@ def install(model: nn.Module, manifest: dict[str, Any], root: Path) -> Installed
     modules = dict(model.named_modules())
     buckets = list(manifest["build"]["buckets"])
     loaded: dict[str, Any] = {}
+    fmt = file_format(manifest)
     for region in manifest["regions"]:
         runners: dict[tuple, Any] = {}
         for entries in region["buckets"].values():
             for e in entries:
                 if e["file"] not in loaded:
-                    loaded[e["file"]] = load_package(root / e["file"], manifest["platform"].get("kind"))
+                    loaded[e["file"]] = load_package(root / e["file"], manifest["platform"].get("kind"), fmt,
+                                                     e.get("pytree"))  # fmt: skip
                 runners[_as_key(e["key"])] = loaded[e["file"]]
         for path in region["instances"]:
             if path not in modules:
@@ -104,8 +107,17 @@ def install(model: nn.Module, manifest: dict[str, Any], root: Path) -> Installed
     return installed
 
 
-def load_package(path: Path, kind: str | None):
-    """One AOTInductor package, loaded without Dynamo or Inductor.
+def file_format(manifest: dict[str, Any]) -> str:
+    """The format of the artifact's compiled files (artifacts from before formats are AOTInductor's)."""
+    return manifest["build"].get("format", "aoti-package")
+
+
+def load_package(path: Path, kind: str | None, fmt: str = "aoti-package", specs: dict[str, str] | None = None):
+    """One compiled file, loaded without Dynamo and without compiling, as a callable (state, args, kwargs).
+
+    An `inductor-standalone` file is loaded with `CompiledArtifact.load` and called through
+    `aot.StandaloneRunner` (its tree specs, `specs`, come from the manifest; without them, as in the
+    child-process probe, the raw artifact is returned).
 
     For a GPU package this calls AOTInductor's loader directly: `aoti_load_package` first compares
     the package's host metadata with this machine, which probes the CPU's vector ISA by compiling and
@@ -113,6 +125,11 @@ def load_package(path: Path, kind: str | None):
     log a warning; our manifest check has already compared the platform. CPU packages, whose kernels
     are built for that ISA, keep `aoti_load_package` and its check.
     """
+    if fmt == "inductor-standalone":
+        artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+        return aot.StandaloneRunner(artifact, specs) if specs else artifact
+    if fmt != "aoti-package":
+        raise ArtifactError(f"{path}: unknown compiled-file format {fmt!r}; this omni-compile reads {', '.join(aot.FORMATS)}")
     if kind not in (None, "cpu"):
         try:
             from torch.export.pt2_archive._package import AOTICompiledModel
@@ -130,10 +147,10 @@ import sys
 from pathlib import Path
 import omni_compile  # registers our ops, as a real load does
 from omni_compile.artifact.loader import load_package
-root, kind = Path(sys.argv[1]), sys.argv[2]
-for rel in sys.argv[3:]:
+root, kind, fmt = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+for rel in sys.argv[4:]:
     print("loading " + rel, flush=True)
-    load_package(root / rel, kind)
+    load_package(root / rel, kind, fmt)
 print("all loaded", flush=True)
 """
 
@@ -149,7 +166,7 @@ def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600, only:
     files = [e["file"] for e in artifact_files(manifest) if only is None or e["file"] in only]
     kind = manifest["platform"].get("kind") or "cpu"
     try:
-        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, *files],
+        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, file_format(manifest), *files],
                               capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise ArtifactError(f"loading the compiled files of {root} did not finish in {timeout:.0f} s (in a child process)") from None
@@ -162,7 +179,7 @@ def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600, only:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = f"signal {-proc.returncode}"
-        cause = f"the AOTInductor loader crashed ({name}){where}"
+        cause = f"the loader crashed ({name}){where}"
     else:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no error output"]
         cause = f"loading failed{where}: {tail[0]}"
@@ -284,12 +301,14 @@ class _Forward(nn.Module):
 
 
 def _compilations() -> int:
-    """Graphs Dynamo compiled plus regions our JIT backend compiled so far in this process."""
+    """Graphs Dynamo compiled, regions our JIT backend compiled and graphs Inductor compiled (an FX-graph
+    cache miss: loading an `inductor-standalone` file is a hit) so far in this process."""
     from torch._dynamo.utils import counters as dynamo_counters
 
     import omni_compile
 
-    return int(dynamo_counters["stats"].get("unique_graphs", 0)) + omni_compile.counters.regions_compiled
+    return (int(dynamo_counters["stats"].get("unique_graphs", 0)) + omni_compile.counters.regions_compiled
+            + int(dynamo_counters["inductor"].get("fxgraph_cache_miss", 0)))  # fmt: skip
 
 
 def verify(
