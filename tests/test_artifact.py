@@ -105,7 +105,7 @@ print("RESULT " + json.dumps({
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_fresh_process_loads_with_zero_compilations(artifacts, subprocess_env, model):
-    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, model, str(artifacts[model])], env=subprocess_env,
+    proc = subprocess.run([sys.executable, "-P", "-c", LOAD_SCRIPT, model, str(artifacts[model])], env=subprocess_env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])

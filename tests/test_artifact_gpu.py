@@ -32,7 +32,7 @@ def test_cuda_manifest_has_triton_kernels_and_a_gpu_attention_backend(cuda_artif
     m = json.loads((cuda_artifact / "manifest.json").read_text())
     assert m["platform"]["kind"] == "cuda" and m["build"]["dtype"] == "bf16"
     impls = m["fusion"]["fused_op_implementations"]
-    assert impls and all(v["implementation"] == "triton" for v in impls.values()), impls
+    assert impls and all(v["implementation"].startswith("triton") for v in impls.values()), impls
     role = m["attention"]["per_role"]["flux.joint"]
     assert role["implementation"] in ("CUDNN_ATTN", "FLASH_ATTN", "TORCH_SDPA"), role
     assert all(p["finite"] and p["rel_l2_vs_eager"] < 3e-2 for p in m["parity"].values()), m["parity"]
@@ -78,7 +78,7 @@ print("RESULT " + json.dumps({
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "no-cuda-graphs"])
 def test_cuda_artifact_loads_with_zero_compilations(cuda_artifact, subprocess_env, graphs):
-    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(cuda_artifact), "1" if graphs else "0"],
+    proc = subprocess.run([sys.executable, "-P", "-c", LOAD_SCRIPT, str(cuda_artifact), "1" if graphs else "0"],
                           env=subprocess_env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])

@@ -91,7 +91,7 @@ def test_redis_stopped_mid_build_the_build_succeeds_locally(tmp_path, subprocess
     server = RedisServer(tmp_path / "redis")
     env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     out = tmp_path / "art"
-    proc = subprocess.Popen([sys.executable, "-m", "omni_compile.cli", "build", "flux-tiny", "--shapes", SHAPE,
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "omni_compile.cli", "build", "flux-tiny", "--shapes", SHAPE,
                              "--out", str(out), "--store", server.url(0, "timeout=2")], env=env,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)  # fmt: skip
     lines = []
@@ -156,7 +156,7 @@ def test_eight_concurrent_builders_leave_one_valid_entry_per_key(tmp_path, redis
     procs = []
     for i in range(8):
         env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{i}"))
-        procs.append(subprocess.Popen([sys.executable, "-c", BUILDER, SHAPE, str(tmp_path / f"art-{i}"), redis_url],
+        procs.append(subprocess.Popen([sys.executable, "-P", "-c", BUILDER, SHAPE, str(tmp_path / f"art-{i}"), redis_url],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
     outs = [p.communicate(timeout=1500) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs if err]

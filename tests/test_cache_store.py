@@ -190,7 +190,7 @@ print("ok")
 
 
 def test_concurrent_writers_of_one_key_leave_one_valid_entry(store):
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, store.url if isinstance(store, FileStore)
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", WRITER, store.url if isinstance(store, FileStore)
                                else _url_of(store), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(8)]  # fmt: skip
     results = [p.communicate(timeout=120) for p in procs]

@@ -13,7 +13,7 @@ TESTS = Path(__file__).parent
 
 def cli(*args, env, cwd=None, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", "omni_compile.cli", *args],
+        [sys.executable, "-P", "-m", "omni_compile.cli", *args],
         env=env,
         cwd=cwd,
         capture_output=True,

@@ -131,3 +131,5 @@ def test_capture_failure_says_how_to_turn_graphs_off():
     # The device is usable afterwards, on the stream the caller had.
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     assert (torch.ones(2, device="cuda") + 1).sum().item() == 4
+    # and its random ops too: torch can leave the generator capturing after a failed capture
+    assert torch.randn(3, device="cuda").isfinite().all()

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+
+logger = logging.getLogger("omni_compile.runtime")
 
 _DTYPE_NAMES = {
     torch.bfloat16: "bf16",
@@ -158,6 +161,7 @@ class CudaGraphForward:
             except Exception as exc:
                 # torch.cuda.graph leaves the capture stream current when capture_end raises.
                 torch.cuda.set_stream(current)
+                _reset_generator(device)
                 raise RuntimeError(
                     f"CUDA graph capture failed for bucket ({description}): {type(exc).__name__}: {exc}. "
                     f"The forward does something a graph cannot record (a host sync such as .item() or a "
@@ -220,3 +224,19 @@ def _check_outputs(out, description: str) -> None:
             f"CUDA graphs cannot return an output of type {type(leaf).__qualname__} (bucket {description}): "
             f"only tensors in pytree containers or dataclasses are copied out of the graph; {_TURN_OFF}."
         )
+
+
+def _reset_generator(device: torch.device) -> None:
+    """After a failed capture, give the device's default generator a state that is not capturing.
+
+    When `capture_end` raises (the capture was invalidated), torch (seen on 2.11 on an H200) never runs
+    the generator's capture epilogue, and every later random op on that device fails with "Offset
+    increment outside graph capture encountered unexpectedly". A clone of the state has the same seed
+    and offset and no capture in progress.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gen = torch.cuda.default_generators[index]
+    try:
+        gen.graphsafe_set_state(gen.clone_state())
+    except (AttributeError, RuntimeError) as exc:  # another torch: nothing to repair, or no way to
+        logger.debug("could not reset the CUDA generator after a failed capture: %s", exc)
