@@ -9,9 +9,11 @@ temporary name and renamed into place: a failed build never leaves a partial out
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 import socket
 import tempfile
@@ -109,8 +111,11 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     events = events or BuildEvents()
     if opts.mode not in ("aot", "jit"):
         raise ConfigError(f"unknown build mode {opts.mode!r}; use aot (a prebuilt artifact) or jit")
-    if opts.store and opts.mode != "aot":
-        raise ConfigError("--store shares an artifact build's compiled files; use it with --mode aot")
+    if opts.store and opts.mode != "aot" and not opts.store.startswith(("redis://", "rediss://")):
+        raise ConfigError(
+            "--mode jit --store needs a redis:// store: it points Inductor's own remote caches (FX graph, "
+            "autotune), which speak Redis only, at it. A file:// store shares artifact builds (--mode aot)"
+        )
     if opts.format and opts.mode != "aot":
         raise ConfigError("--format chooses an artifact build's compiled-file format; use it with --mode aot")
     if opts.mode == "aot":
@@ -134,6 +139,72 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     _sync(device)
     load_seconds = time.perf_counter() - t0
 
+    remote = contextlib.ExitStack()
+    store_report = None
+    if opts.store:
+        store_report = remote.enter_context(_inductor_remote_caches(opts.store, events))
+    with remote:
+        report = _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, warm, t_start)
+    if store_report is not None:
+        store_report.update(_remote_counts(store_report.pop("_before")))
+        report["store"] = store_report
+    if out is not None:
+        _publish(out, report, opts.force)
+    return report
+
+
+@contextlib.contextmanager
+def _inductor_remote_caches(url: str, events: BuildEvents):
+    """Point Inductor's remote FX-graph and autotune caches (and AOTAutograd's) at the Redis of `url`
+    for the build: the environment variables torch's Redis backend reads, and the config switches.
+    An unreachable Redis warns and the build goes on with the local caches only. Yields the store
+    summary for the report (counts are filled in at the end)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    shown = urlunsplit((parts.scheme, (parts.hostname or "") + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
+    summary: dict[str, Any] = {"url": shown, "kind": "inductor-remote-caches", "reachable": True}
+    try:
+        from omni_compile.cache.store import open_store
+
+        open_store(url).client.ping()
+    except Exception as e:  # any failure to reach it: warn, compile with the local caches
+        summary["reachable"] = False
+        msg = f"store {shown} unreachable ({type(e).__name__}: {e}); compiling with the local Inductor caches only"
+        logger.warning(msg)
+        events.on_warning(msg)
+        summary["_before"] = _remote_counts(None)
+        yield summary
+        return
+    env = {
+        "TORCHINDUCTOR_REDIS_URL": urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
+        "TORCHINDUCTOR_REDIS_HOST": parts.hostname or "localhost",
+        "TORCHINDUCTOR_REDIS_PORT": str(parts.port or 6379),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    summary["_before"] = _remote_counts(None)
+    try:
+        with torch._inductor.config.patch(fx_graph_remote_cache=True, autotune_remote_cache=True), \
+                torch._functorch.config.patch(enable_remote_autograd_cache=True):  # fmt: skip
+            yield summary
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _remote_counts(before: dict[str, int] | None) -> dict[str, int]:
+    """Inductor's FX-graph cache hits and misses (a hit with an empty local cache came from Redis)."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    now = {k: int(dynamo_counters["inductor"].get(k, 0)) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+    return now if before is None else {k: now[k] - before[k] for k in now}
+
+
+def _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, warm, t_start) -> dict[str, Any]:
     compile(
         model,
         opts.compile,
@@ -177,12 +248,9 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
             }
         )
 
-    report = _report(
+    return _report(
         spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm, time.perf_counter() - t_start
     )
-    if out is not None:
-        _publish(out, report, opts.force)
-    return report
 
 
 def _load_cache_bundle(path: Path) -> dict[str, Any]:

@@ -104,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
         "--example-inputs", metavar="MODULE:FN", help="function making example inputs for models without an adapter"
     )
     b.add_argument("--store", metavar="URL", help="shared store of compiled files: file://PATH or "
-                   "redis://[:PASSWORD@]HOST:PORT/DB (looked up before compiling, published after; --mode aot)")
+                   "redis://[:PASSWORD@]HOST:PORT/DB (looked up before compiling, published after; with --mode jit, "
+                   "a redis:// URL for Inductor's remote FX-graph and autotune caches)")
     b.add_argument("--format", choices=("aoti-package", "inductor-standalone"),
                    help="compiled-file format (--mode aot; default: inductor-standalone on CUDA, aoti-package "
                    "elsewhere; docs/artifact.md#compiled-file-formats)")
@@ -193,6 +194,11 @@ def _cmd_build(args, console) -> int:
         _print_artifact_summary(console, report, out)
     else:
         _print_summary(console, report, out)
+        st = report.get("store")
+        if st:
+            state = "reachable" if st["reachable"] else "unreachable, not used"
+            console.print(f"store {st['url']} (Inductor's remote caches, {state}): FX graph cache "
+                          f"{st['fxgraph_cache_hit']} hit(s), {st['fxgraph_cache_miss']} miss(es)")  # fmt: skip
     return 0
 
 

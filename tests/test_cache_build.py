@@ -173,4 +173,35 @@ def test_eight_concurrent_builders_leave_one_valid_entry_per_key(tmp_path, redis
 def test_store_with_jit_mode_is_refused(tmp_path, subprocess_env):
     proc = cli("build", "flux-tiny", "--mode", "jit", "--store", f"file://{tmp_path}", "--out", str(tmp_path / "o"),
                env=subprocess_env)  # fmt: skip
-    assert proc.returncode == 2 and "--store shares an artifact build's compiled files; use it with --mode aot" in proc.stderr
+    assert proc.returncode == 2 and "--mode jit --store needs a redis:// store" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
+def _jit(tmp_path, name, store, subprocess_env):
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{name}"))
+    proc = cli("build", "flux-tiny", "--mode", "jit", "--shapes", SHAPE, "--out", str(tmp_path / name), "--store",
+               store, env=env, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / name / "build_report.json").read_text()), proc.stderr
+
+
+def test_jit_mode_shares_inductor_remote_caches_through_redis(tmp_path, redis_url, subprocess_env):
+    """--mode jit --store redis://: Inductor's remote FX-graph cache on our Redis. Two nodes with their own
+    empty local caches: the first misses and writes, the second hits every graph from Redis."""
+    from omni_compile.cache import open_store
+
+    client = open_store(redis_url).client
+    client.flushdb()
+    a, _ = _jit(tmp_path, "a", redis_url, subprocess_env)
+    assert a["store"]["reachable"] and a["store"]["fxgraph_cache_miss"] == 2 and a["store"]["fxgraph_cache_hit"] == 0
+    assert client.dbsize() > 0  # torch wrote its entries there
+    b, err = _jit(tmp_path, "b", redis_url, subprocess_env)
+    assert b["store"]["fxgraph_cache_hit"] == 2 and b["store"]["fxgraph_cache_miss"] == 0, b["store"]
+    assert "FX graph cache 2 hit(s), 0 miss(es)" in err
+    assert "TORCHINDUCTOR_REDIS_URL" not in subprocess_env
+
+
+def test_jit_mode_with_unreachable_redis_builds_locally(tmp_path, subprocess_env):
+    r, err = _jit(tmp_path, "a", "redis://127.0.0.1:1/0?timeout=1", subprocess_env)
+    assert "warning:" in err and "compiling with the local Inductor caches only" in err
+    assert r["store"]["reachable"] is False and r["store"]["fxgraph_cache_miss"] == 2
