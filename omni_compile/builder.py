@@ -54,7 +54,7 @@ class BuildOptions:
     model_config: dict[str, Any] | None = None
     compile: CompileConfig = field(default_factory=CompileConfig)
     cache_from: str | None = None
-    store: str | None = None  # file://PATH or redis://... : shared store of compiled files (aot mode)
+    store: str | None = None  # aot: file://PATH or redis://... store of compiled files; jit: Inductor's remote caches (redis)
     format: str | None = None  # aot mode: "aoti-package" or "inductor-standalone" (None: by device, aot.FORMATS)
     force: bool = False
     mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
@@ -139,15 +139,13 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
     _sync(device)
     load_seconds = time.perf_counter() - t0
 
-    remote = contextlib.ExitStack()
-    store_report = None
-    if opts.store:
-        store_report = remote.enter_context(_inductor_remote_caches(opts.store, events))
-    with remote:
+    before = _remote_counts()
+    remote = _inductor_remote_caches(opts.store, events) if opts.store else contextlib.nullcontext()
+    with remote as store_report:
         report = _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, warm, t_start)
     if store_report is not None:
-        store_report.update(_remote_counts(store_report.pop("_before")))
-        report["store"] = store_report
+        now = _remote_counts()
+        report["store"] = {**store_report, **{k: now[k] - before[k] for k in now}}
     if out is not None:
         _publish(out, report, opts.force)
     return report
@@ -158,24 +156,21 @@ def _inductor_remote_caches(url: str, events: BuildEvents):
     """Point Inductor's remote FX-graph and autotune caches (and AOTAutograd's) at the Redis of `url`
     for the build: the environment variables torch's Redis backend reads, and the config switches.
     An unreachable Redis warns and the build goes on with the local caches only. Yields the store
-    summary for the report (counts are filled in at the end)."""
+    summary for the report (the build adds its cache counts)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    parts = urlsplit(url)
-    shown = urlunsplit((parts.scheme, (parts.hostname or "") + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
-    summary: dict[str, Any] = {"url": shown, "kind": "inductor-remote-caches", "reachable": True}
-    try:
-        from omni_compile.cache.store import open_store
+    from omni_compile.cache.store import open_store, redacted_url
 
+    shown = redacted_url(url)
+    try:
         open_store(url).client.ping()
     except Exception as e:  # any failure to reach it: warn, compile with the local caches
-        summary["reachable"] = False
         msg = f"store {shown} unreachable ({type(e).__name__}: {e}); compiling with the local Inductor caches only"
         logger.warning(msg)
         events.on_warning(msg)
-        summary["_before"] = _remote_counts(None)
-        yield summary
+        yield {"url": shown, "kind": "inductor-remote-caches", "reachable": False}
         return
+    parts = urlsplit(url)
     env = {
         "TORCHINDUCTOR_REDIS_URL": urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
         "TORCHINDUCTOR_REDIS_HOST": parts.hostname or "localhost",
@@ -183,11 +178,10 @@ def _inductor_remote_caches(url: str, events: BuildEvents):
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    summary["_before"] = _remote_counts(None)
     try:
         with torch._inductor.config.patch(fx_graph_remote_cache=True, autotune_remote_cache=True), \
                 torch._functorch.config.patch(enable_remote_autograd_cache=True):  # fmt: skip
-            yield summary
+            yield {"url": shown, "kind": "inductor-remote-caches", "reachable": True}
     finally:
         for k, v in saved.items():
             if v is None:
@@ -196,12 +190,11 @@ def _inductor_remote_caches(url: str, events: BuildEvents):
                 os.environ[k] = v
 
 
-def _remote_counts(before: dict[str, int] | None) -> dict[str, int]:
-    """Inductor's FX-graph cache hits and misses (a hit with an empty local cache came from Redis)."""
+def _remote_counts() -> dict[str, int]:
+    """Inductor's FX-graph cache hits and misses so far (a hit with an empty local cache came from Redis)."""
     from torch._dynamo.utils import counters as dynamo_counters
 
-    now = {k: int(dynamo_counters["inductor"].get(k, 0)) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
-    return now if before is None else {k: now[k] - before[k] for k in now}
+    return {k: int(dynamo_counters["inductor"].get(k, 0)) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
 
 
 def _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, warm, t_start) -> dict[str, Any]:

@@ -257,8 +257,7 @@ class RedisStore(Store):
         self.chunk = int(float(own.get("chunk_mb", 8)) * 2**20)
         timeout = float(own.get("timeout", 5))
         rest = "&".join(f"{k}={v}" for k, vs in query.items() for v in vs)
-        self.url = urlunsplit((parts.scheme, parts.hostname + (f":{parts.port}" if parts.port else ""), parts.path,
-                               "", ""))  # fmt: skip  (no password in messages)
+        self.url = redacted_url(url)
         self._redis = redis
         self.client = redis.Redis.from_url(
             urlunsplit((parts.scheme, parts.netloc, parts.path, rest, "")),
@@ -364,6 +363,12 @@ class RedisStore(Store):
                 if idle is None or idle > 3600:
                     removed["chunks"] += self._call("deleting a chunk", self.client.delete, name)
         return removed
+
+
+def redacted_url(url: str) -> str:
+    """`url` without password and query: what messages and reports show of a Redis URL."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, (parts.hostname or "") + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
 
 
 def open_store(url: str) -> Store:
