@@ -58,6 +58,7 @@ class BuildOptions:
     format: str | None = None  # aot mode: "aoti-package" or "inductor-standalone" (None: by device, aot.FORMATS)
     force: bool = False
     mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
+    parity: str = "auto"  # aot: "auto" skips the check when the store's publishers checked every file; "always"
 
 
 @dataclass

@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--format", choices=("aoti-package", "inductor-standalone"),
                    help="compiled-file format (--mode aot; default: inductor-standalone on CUDA, aoti-package "
                    "elsewhere; docs/artifact.md#compiled-file-formats)")
+    b.add_argument("--parity", choices=("auto", "always"), default="auto",
+                   help="(--mode aot) check the artifact against eager: auto (default) skips the check when every "
+                   "file came from --store and its publishing build checked the same bucket; always checks")
     b.add_argument("--json", action="store_true", help="print the build report as JSON on stdout")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress display")
 
@@ -171,6 +174,7 @@ def _cmd_build(args, console) -> int:
         cache_from=args.cache_from,
         store=args.store,
         format=args.format,
+        parity=args.parity,
         force=args.force,
         mode=args.mode,
     )
@@ -222,7 +226,9 @@ def _print_artifact_summary(console, manifest, out) -> None:
     tm = manifest["timing"]
     console.print(
         f"{tm['compile_seconds']:.1f}s compiling, {tm['wall_seconds']:.1f}s total; parity vs eager: "
-        + ", ".join(f"{k} rel L2 {v['rel_l2_vs_eager']:.1e}" for k, v in manifest["parity"].items())
+        + ", ".join(f"{k} rel L2 {v['rel_l2_vs_eager']:.1e}" + ("" if v.get("checked", "here") == "here" else
+                                                                  " (checked by the store's publishing build)")
+                    for k, v in manifest["parity"].items())
     )
     if "store" in manifest:
         st = manifest["store"]

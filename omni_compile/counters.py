@@ -20,6 +20,8 @@ class CompilationCounters:
     region_cache_hits: int = 0
     # AOTInductor packages compiled by an artifact build (a package taken from a store is not counted).
     aot_compiles: int = 0
+    # Regions exported with torch.export by an artifact build (only to compile them: a store hit exports nothing).
+    region_exports: int = 0
     # Times the pass manager ran over a post-grad graph.
     pass_manager_runs: int = 0
     # Pattern matches per pass name.

@@ -87,6 +87,10 @@ class PatternPass(OmniPass):
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         self.patterns = PatternMatcherPass(pass_name=f"omni_compile.{self.name}")
+        # `register` records each pattern's source at once (for `uuid()`) and defers the tracing (about a
+        # second for all passes) to the first `apply`: a build whose regions all come from a store, or
+        # that only computes cache keys, never pays it.
+        self._pending: list[Callable[[], None]] = []
         self.register_patterns()
 
     def register_patterns(self) -> None:
@@ -104,15 +108,17 @@ class PatternPass(OmniPass):
             if fn is not None:
                 self._extra_sources.append(_source(fn))
         self._extra_sources.append(repr([(getattr(t, "dtype", t), getattr(t, "shape", None)) for t in example_inputs]))
-        register_replacement(
-            search_fn,
-            replace_fn,
-            example_inputs,
-            _trace_like_post_grad,
-            self.patterns,
-            extra_check=extra_check or (lambda match: True),
-            scalar_workaround=scalar_workaround,
-            skip_duplicates=True,
+        self._pending.append(
+            lambda: register_replacement(
+                search_fn,
+                replace_fn,
+                example_inputs,
+                _trace_like_post_grad,
+                self.patterns,
+                extra_check=extra_check or (lambda match: True),
+                scalar_workaround=scalar_workaround,
+                skip_duplicates=True,
+            )
         )
 
     def register_handler(self, pattern, handler: Callable, extra_check: Callable | None = None) -> None:
@@ -121,9 +127,18 @@ class PatternPass(OmniPass):
 
         self._extra_sources.append(repr(pattern))
         self._extra_sources.append(_source(handler))
-        register_graph_pattern(pattern, extra_check=extra_check or (lambda match: True), pass_dict=self.patterns)(
-            handler
+        self._pending.append(
+            lambda: register_graph_pattern(
+                pattern, extra_check=extra_check or (lambda match: True), pass_dict=self.patterns
+            )(handler)
         )
 
+    def materialize(self) -> None:
+        """Trace and register the patterns recorded so far, in registration order (once)."""
+        pending, self._pending = self._pending, []
+        for register in pending:
+            register()
+
     def apply(self, graph: torch.fx.Graph) -> int:
+        self.materialize()
         return self.patterns.apply(graph)

@@ -174,6 +174,7 @@ class QKNormRopePass(PatternPass):
         rms_norm = torch.ops.omni_compile.rms_norm.default
         before = {n for n in graph.nodes if n.target == rms_norm}
         self._norms.apply(graph)
+        self.materialize()
         matches = self.patterns.apply(graph)
         for node in [n for n in graph.nodes if n.target == rms_norm and n not in before]:
             inline_native(node, FUSED_OPS["rms_norm"])

@@ -55,7 +55,8 @@ def test_second_node_compiles_nothing_and_writes_the_same_files(tmp_path, store_
     n = len(_files(a))
     assert a["compilations"]["aot_compiles"] == n and a["store"]["published"] == n and a["store"]["hits"] == 0
     b, err = _build(tmp_path, "node-b", store_url, subprocess_env)
-    assert b["compilations"] == {"aot_compiles": 0, "dynamo_graphs": 0}, b["compilations"]
+    # nothing compiled, nothing exported (the store key comes from the recorded call's op trace)
+    assert b["compilations"] == {"aot_compiles": 0, "region_exports": 0, "dynamo_graphs": 0}, b["compilations"]
     assert b["store"]["hits"] == n and b["store"]["misses"] == 0 and b["store"]["published"] == 0
     assert "from the store" in err and "hit(s)" in err
     fa, fb = _files(a), _files(b)
@@ -65,6 +66,14 @@ def test_second_node_compiles_nothing_and_writes_the_same_files(tmp_path, store_
     assert {e["cache_key"] for e in fa.values()} == {e["cache_key"] for e in fb.values()}
     assert b["fusion"]["matches"] == a["fusion"]["matches"]  # pass results travel with the entries
     assert all(p["rel_l2_vs_eager"] < 1e-4 for p in b["parity"].values())
+    # every file came from the store with the publisher's check of this bucket: not rerun, and said so
+    assert {k: p["checked"] for k, p in b["parity"].items()} == {SHAPE: "by the publishing build (store)"}
+    assert {k: p["checked"] for k, p in a["parity"].items()} == {SHAPE: "here"}
+    assert "checked by the store's publishing build" in err
+    c, _ = _build(tmp_path, "node-c", store_url, subprocess_env, "--parity", "always")
+    assert c["compilations"] == {"aot_compiles": 0, "region_exports": 0, "dynamo_graphs": 0}, c["compilations"]
+    assert {k: p["checked"] for k, p in c["parity"].items()} == {SHAPE: "here"}
+    assert all(p["rel_l2_vs_eager"] < 1e-4 for p in c["parity"].values())
 
 
 def test_corrupt_entry_is_rebuilt_and_replaced(tmp_path, subprocess_env):
@@ -81,6 +90,8 @@ def test_corrupt_entry_is_rebuilt_and_replaced(tmp_path, subprocess_env):
     b, err = _build(tmp_path, "node-b", url, subprocess_env)
     assert "is corrupt" in err and "replacing the entry" in err
     assert b["compilations"]["aot_compiles"] == 1 and b["store"]["repaired"] == 1
+    assert b["compilations"]["region_exports"] == 1  # only the rebuilt region was exported
+    assert {p["checked"] for p in b["parity"].values()} == {"here"}  # something was compiled here: checked here
     assert store.get(victim["cache_key"]) is not None  # verified again after the repair
     c, _ = _build(tmp_path, "node-c", url, subprocess_env)
     assert c["compilations"]["aot_compiles"] == 0 and c["store"]["errors"] == []

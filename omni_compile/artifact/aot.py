@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from omni_compile.compiler import _canonical_strides
+from omni_compile.graphs.trace import OpTrace, named_call_inputs
 from omni_compile.passes import PassLog, PassManager
 
 logger = logging.getLogger("omni_compile.artifact")
@@ -86,6 +87,7 @@ class CallRecord:
     keys: dict[str, tuple] = field(default_factory=dict)
     buckets: dict[str, list[str]] = field(default_factory=dict)  # bucket -> signature ids (call order)
     instances: dict[str, list[str]] = field(default_factory=dict)  # signature id -> instance paths
+    traces: dict[str, str] = field(default_factory=dict)  # signature id -> graphs.trace hash of its first call
 
 
 def glue_targets(model: nn.Module, block_paths: set[str]) -> list[Target]:
@@ -100,25 +102,39 @@ def glue_targets(model: nn.Module, block_paths: set[str]) -> list[Target]:
 
 
 class CallRecorder:
-    """Forward pre-hooks on every instance of every target, recording calls per bucket."""
+    """Forward hooks on every instance of every target, recording calls per bucket. The first call of
+    each signature also runs under `graphs.trace.OpTrace`: its hash is the region's graph identity in
+    the store key, so a build whose files all come from a store never exports a region."""
 
     def __init__(self, targets: list[Target]):
         self.targets = targets
         self.records = {t.name: CallRecord() for t in targets}
         self.bucket = None
         self._handles = []
+        self._tracing: tuple[nn.Module, CallRecord, str, OpTrace] | None = None
 
     def __enter__(self):
         for t in self.targets:
             for path, module in t.instances:
                 self._handles.append(module.register_forward_pre_hook(self._hook(t.name, path), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._end_trace, always_call=True))
         return self
 
     def __exit__(self, *exc):
+        if self._tracing is not None:  # the traced call raised
+            self._tracing[3].__exit__(None, None, None)
+            self._tracing = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
         return False
+
+    def _end_trace(self, module, *_):
+        if self._tracing is not None and self._tracing[0] is module:
+            _, rec, sig, trace = self._tracing
+            self._tracing = None
+            trace.__exit__(None, None, None)
+            rec.traces[sig] = trace.hexdigest()
 
     def _hook(self, target: str, path: str):
         def hook(module, args, kwargs):
@@ -129,6 +145,10 @@ class CallRecorder:
             if sig not in rec.examples:
                 rec.examples[sig] = (args, kwargs)
                 rec.keys[sig] = key
+                if self._tracing is None:  # targets do not nest; this guards against a model where they do
+                    trace = OpTrace(named_call_inputs(module_state(module), args, kwargs))
+                    self._tracing = (module, rec, sig, trace)
+                    trace.__enter__()
             seen = rec.buckets.setdefault(self.bucket, [])
             if sig not in seen:
                 seen.append(sig)
@@ -186,10 +206,15 @@ class CompiledFile:
     source: str = "compiled"  # or "store": taken from a shared store (omni_compile.cache)
     cache_key: str | None = None
     pytree: dict[str, str] | None = None  # inductor-standalone: the call's input and output tree specs
+    identity: str | None = None  # the graph identity in the cache key: "trace:SHA" (graphs.trace) or "export:SHA"
+    parity: dict | None = None  # from a store: the publishing build's parity check, per bucket
 
 
 def export_region(module: nn.Module, example: tuple[tuple, dict]):
     """`module` exported at `example` with its state as an input; returns (program, graph hash)."""
+    from omni_compile import counters
+
+    counters.region_exports += 1
     args, kwargs = example
     with torch.no_grad():
         ep = torch.export.export(_Functional(module), (module_state(module), args, kwargs), strict=False)

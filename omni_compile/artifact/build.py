@@ -25,6 +25,7 @@ from omni_compile.artifact.manifest import MANIFEST, SCHEMA, platform_record, we
 from omni_compile.config import dtype_name
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs import find_regions
+from omni_compile.inspect.record import recording as inspect_recording
 from omni_compile.passes.lower_fused_ops import record_resolution
 
 logger = logging.getLogger("omni_compile.artifact")
@@ -103,16 +104,26 @@ def build_artifact(opts, events) -> dict[str, Any]:
             label = f"{t.name}@{sig}"
             what = f"{t.kind} {t.name} [{aot.describe_key(rec.keys[sig])}] ({i}/{len(jobs)})"
             try:
-                exported = aot.export_region(module, rec.examples[sig])
-                key = _cache_key(exported[1], rec.keys[sig], pm, platform, fmt)
-                cf = _from_store(session, key, tmp / rel, exported[1]) if session else None
+                # The region's graph identity: the trace of its recorded call (no export needed to look
+                # it up in a store), or, for a call the recorder could not trace, its exported graph.
+                exported = None
+                if sig in rec.traces:
+                    identity = f"trace:{rec.traces[sig]}"
+                else:
+                    exported = aot.export_region(module, rec.examples[sig])
+                    identity = f"export:{exported[1]}"
+                key = _cache_key(identity, rec.keys[sig], pm, platform, fmt)
+                cf = _from_store(session, key, tmp / rel, identity) if session else None
                 if cf is not None:
                     events.on_stage(f"from the store: {what}")
                 else:
                     events.on_stage(f"compiling {what}")
-                    cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported, fmt=fmt)
-                    to_publish.append((key, tmp / rel, _entry_meta(cf, label)))
+                    exported = exported or aot.export_region(module, rec.examples[sig])
+                    with inspect_recording(tmp / REPORT_DIR / "inspect"):  # dumps for omni-compile inspect
+                        cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported, fmt=fmt)
+                    to_publish.append((key, tmp / rel, _entry_meta(cf, label, identity)))
                 cf.cache_key = key
+                cf.identity = identity
             except Exception as e:
                 if t.kind == "block":
                     raise OmniCompileError(f"ahead-of-time compile of region {t.name} failed: {type(e).__name__}: {e}") from e
@@ -129,24 +140,16 @@ def build_artifact(opts, events) -> dict[str, Any]:
         manifest = _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets, fmt)
 
         # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
-        from omni_compile.artifact.loader import install, probe_load
-
-        # Files from the store passed this probe and the parity check on the node that published them
-        # (same key: same platform); the files compiled here are probed before anything loads them here.
+        # Skipped when every file came from the store and, for every bucket, each file the bucket runs
+        # was published by a build that checked that same bucket: the same files in the same places run
+        # the same code, and the store verified their bytes (docs/cache.md). `--parity always` checks anyway.
         fresh = {str(path.relative_to(tmp)) for _, path, _ in to_publish}
-        if fresh:
-            events.on_stage(f"loading the {len(fresh)} compiled file(s) in a child process")
-            probe_load(tmp, manifest, only=fresh)
-        events.on_stage("checking the compiled artifact against eager on every bucket")
-        installed = install(model, manifest, tmp)
-        parity = {}
-        with torch.no_grad():
-            for bucket, (inputs, ref) in references.items():
-                got = bucket_output(model(**inputs))
-                err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-                parity[bucket] = {"rel_l2_vs_eager": err, "finite": bool(torch.isfinite(got).all()),
-                                  "output_shape": list(got.shape)}  # fmt: skip
-        installed.uninstall()
+        inherited = None if fresh or opts.parity == "always" else _inherited_parity(targets, records, compiled, buckets)
+        if inherited is not None:
+            events.on_stage("parity: every file and bucket was checked by the build that published it; not rerun")
+            parity = inherited
+        else:
+            parity = _check_parity(tmp, manifest, model, references, fresh, events)
         bad = [b for b, p in parity.items() if not p["finite"] or p["rel_l2_vs_eager"] > PARITY_BOUND[dtype]]
         if bad:
             raise OmniCompileError(
@@ -158,7 +161,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
         manifest["parity"] = parity
         if session is not None:
             for key, path, meta in to_publish:
-                session.publish(key, path.read_bytes(), meta)
+                session.publish(key, path.read_bytes(), {**meta, "parity": parity})
             manifest["store"] = session.stats.to_json()
         manifest["timing"] = {
             "model_load_seconds": round(load_seconds, 3),
@@ -177,26 +180,70 @@ def build_artifact(opts, events) -> dict[str, Any]:
     return manifest
 
 
+def _check_parity(tmp: Path, manifest, model, references, fresh: set[str], events) -> dict[str, dict]:
+    """Load the files in `tmp` into `model` and compare every bucket's output with eager's."""
+    from omni_compile.artifact.loader import install, probe_load
+
+    # Files from the store passed this probe on the node that published them (same key: same platform);
+    # the files compiled here are probed in a child process before anything loads them here.
+    if fresh:
+        events.on_stage(f"loading the {len(fresh)} compiled file(s) in a child process")
+        probe_load(tmp, manifest, only=fresh)
+    events.on_stage("checking the compiled artifact against eager on every bucket")
+    installed = install(model, manifest, tmp)
+    parity = {}
+    try:
+        with torch.no_grad():
+            for bucket, (inputs, ref) in references.items():
+                got = bucket_output(model(**inputs))
+                err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+                parity[bucket] = {"rel_l2_vs_eager": err, "finite": bool(torch.isfinite(got).all()),
+                                  "output_shape": list(got.shape), "checked": "here"}  # fmt: skip
+    finally:
+        installed.uninstall()
+    return parity
+
+
+def _inherited_parity(targets, records, compiled, buckets) -> dict[str, dict] | None:
+    """Each bucket's parity as checked by the builds that published its files, or None when any file
+    of any bucket lacks it (then this build checks)."""
+    out = {}
+    for bucket in map(str, buckets):
+        found = None
+        for t in targets:
+            for sig in records[t.name].buckets.get(bucket, []):
+                p = (compiled[(t.name, sig)].parity or {}).get(bucket)
+                if p is None:
+                    return None
+                if found is None or p["rel_l2_vs_eager"] > found["rel_l2_vs_eager"]:
+                    found = p
+        if found is None:
+            return None
+        out[bucket] = {**found, "checked": "by the publishing build (store)"}
+    return out
+
+
 # Relative L2 of the artifact's output against eager that a build accepts (bf16 rounds where the
 # fused kernels round the unfused graph's bf16 tensors; fp32 differs only by reassociation).
 PARITY_BOUND = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
 
 def _compilations() -> dict[str, int]:
-    """AOTInductor packages compiled and Dynamo graphs traced so far in this process."""
+    """Files compiled, regions exported and Dynamo graphs traced so far in this process."""
     from torch._dynamo.utils import counters as dynamo_counters
 
     from omni_compile import counters
 
-    return {"aot_compiles": counters.aot_compiles, "dynamo_graphs": int(dynamo_counters["stats"].get("unique_graphs", 0))}
+    return {"aot_compiles": counters.aot_compiles, "region_exports": counters.region_exports,
+            "dynamo_graphs": int(dynamo_counters["stats"].get("unique_graphs", 0))}  # fmt: skip
 
 
-def _cache_key(graph_hash: str, call_key: tuple, pm, platform, fmt: str = "aoti-package") -> str:
-    """The store key of one package (omni_compile.cache.key): graph, signature, passes, platform."""
+def _cache_key(identity: str, call_key: tuple, pm, platform, fmt: str = "aoti-package") -> str:
+    """The store key of one package (omni_compile.cache.key): graph identity, signature, passes, platform."""
     from omni_compile.cache.key import KeyFactors, device_arch
 
     return KeyFactors(
-        graph_hash=graph_hash,
+        graph_hash=identity,
         signature=repr(call_key),
         pass_uuid=pm.uuid(),
         torch_version=platform.torch_version,
@@ -207,24 +254,24 @@ def _cache_key(graph_hash: str, call_key: tuple, pm, platform, fmt: str = "aoti-
     ).key()
 
 
-def _entry_meta(cf: aot.CompiledFile, label: str) -> dict[str, Any]:
-    return {"label": label, "graph_hash": cf.graph_hash, "passes": cf.passes, "resolutions": cf.resolutions,
-            "attention": cf.attention, "compile_seconds": round(cf.seconds, 3), "pytree": cf.pytree}  # fmt: skip
+def _entry_meta(cf: aot.CompiledFile, label: str, identity: str) -> dict[str, Any]:
+    return {"label": label, "region_identity": identity, "graph_hash": cf.graph_hash, "passes": cf.passes,
+            "resolutions": cf.resolutions, "attention": cf.attention, "compile_seconds": round(cf.seconds, 3),
+            "pytree": cf.pytree}  # fmt: skip
 
 
-def _from_store(session, key: str, path: Path, graph_hash: str) -> aot.CompiledFile | None:
+def _from_store(session, key: str, path: Path, identity: str) -> aot.CompiledFile | None:
     """The package `key` from the store, written to `path`, or None (a miss, or a store failure)."""
-    from omni_compile.artifact.manifest import sha256_file
-
-    entry = session.fetch(key, graph_hash)
+    entry = session.fetch(key, identity)
     if entry is None:
         return None
     meta = entry.meta
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(entry.data)
-    return aot.CompiledFile(file=str(path), sha256=sha256_file(path), graph_hash=graph_hash, seconds=0.0,
+    path.write_bytes(entry.data)  # the store verified the bytes' sha256 (entry.sha256) when it read them
+    return aot.CompiledFile(file=str(path), sha256=entry.sha256, graph_hash=meta.get("graph_hash", ""), seconds=0.0,
                             passes=meta.get("passes", {}), resolutions=meta.get("resolutions", {}),
-                            attention=meta.get("attention", {}), source="store", pytree=meta.get("pytree"))  # fmt: skip
+                            attention=meta.get("attention", {}), source="store", pytree=meta.get("pytree"),
+                            parity=meta.get("parity"))  # fmt: skip
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
@@ -272,6 +319,7 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
                 "passes": cf.passes,
                 "compile_seconds": round(cf.seconds, 3),
                 "cache_key": cf.cache_key,
+                "region_identity": cf.identity,
                 "source": cf.source,
             }
             if cf.pytree:

@@ -10,17 +10,19 @@ values are not factors: the same region compiled anywhere on the same architectu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import platform as _py
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KEY_SCHEMA = "omni-compile/cache-key/1"
+KEY_SCHEMA = "omni-compile/cache-key/2"  # 2: the graph identity is the region's op trace (graphs.trace)
 
 
 @dataclass(frozen=True)
 class KeyFactors:
-    graph_hash: str  # sha256 of the region's exported graph code
+    graph_hash: str  # the region's graph identity: "trace:SHA" (graphs.trace, its recorded call) or "export:SHA"
     signature: str  # the call signature (aot.call_key, as a string)
     pass_uuid: str
     torch_version: str
@@ -43,13 +45,15 @@ def device_arch(platform) -> str:
     if kind == "cuda":
         return f"cuda {platform.arch}"
     if kind == "cpu":
-        import platform as _py
-
-        try:
-            from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-            isa = str(pick_vec_isa())
-        except Exception:  # noqa: BLE001  (no compiler to probe with): the machine type still separates entries
-            isa = "unknown-isa"
-        return f"cpu {_py.machine()} {isa}"
+        return f"cpu {cpu_isa()}"
     return f"{kind} {platform.device_name}"  # ROCm, XPU: the device name names the architecture
+
+
+@functools.cache
+def cpu_isa() -> str:
+    """The machine type and the vector ISA ATen detected at start-up (`default`, `avx2`, `avx512`, ...),
+    which is what Inductor's C++ code generation targets. Asking Inductor itself (`pick_vec_isa`)
+    compiles and runs test programs: about 10 s on a 2-core machine, for every key."""
+    import torch
+
+    return f"{_py.machine()} {torch.backends.cpu.get_cpu_capability().lower()}"

@@ -55,15 +55,15 @@ class StoreSession:
         self.store = None
         self.warn_fn(msg)
 
-    def fetch(self, key: str, graph_hash: str | None = None) -> Entry | None:
-        """The verified entry of `key`, or None. An entry stored for another graph than `graph_hash`
-        (the key covers the hash, so only a bad writer makes one) is treated like a corrupt one."""
+    def fetch(self, key: str, identity: str | None = None) -> Entry | None:
+        """The verified entry of `key`, or None. An entry stored for another region graph than
+        `identity` (the key covers it, so only a bad writer makes one) is treated like a corrupt one."""
         if self.store is None:
             return None
         t0 = time.perf_counter()
         try:
             entry = self.store.get(key)
-            if entry is not None and graph_hash is not None and entry.meta.get("graph_hash") != graph_hash:
+            if entry is not None and identity is not None and entry.meta.get("region_identity") != identity:
                 raise CorruptEntryError(f"{self.stats.url}: entry {key} was stored for another graph")
         except CorruptEntryError as e:
             self._corrupt.add(key)
