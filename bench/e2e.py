@@ -39,8 +39,6 @@ WORKLOADS = {
     "W4-wan": ("wan-tiny", "64x96x9", "fp32", "cpu"),
 }
 MODES = ("eager", "stock", "stock-warm", "omni", "omni-warm")
-# Names of our Triton kernels (omni_compile/ops/kernels), to count them apart from Inductor's own.
-FUSED_KERNEL_NAMES = ("_rms_norm_kernel", "_adaln_kernel", "_gated_residual_kernel", "_rms_norm_rope_kernel")
 
 
 def _rel_l2(a, b) -> float:
@@ -81,6 +79,8 @@ def kernel_profile(step, device: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from omni_compile.inspect.categories import kernel_category
+
     with profile(activities=[ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]) as prof:
         step()
         if device == "cuda":
@@ -90,19 +90,7 @@ def kernel_profile(step, device: str) -> dict:
     for evt in prof.events():
         if device == "cuda" and evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        name = evt.name.lower()
-        if "memcpy" in name or "memset" in name:
-            cat = "copy"
-        elif any(k in name for k in ("gemm", "matmul", "cutlass", "sm90_xmma", "nvjet", "cublas")):
-            cat = "gemm"
-        elif any(k in name for k in ("attention", "flash", "fmha", "cudnn", "sdpa", "attn")):
-            cat = "attention"
-        elif any(k in name for k in FUSED_KERNEL_NAMES):
-            cat = "fused_ops"
-        elif name.startswith("triton"):
-            cat = "triton"
-        else:
-            cat = "other"
+        cat = kernel_category(evt.name)
         kernels += 1
         t = evt.device_time if device == "cuda" else evt.cpu_time
         cats.setdefault(cat, [0, 0.0])

@@ -99,6 +99,24 @@ class PassLog:
 
 
 _current_log: contextvars.ContextVar[PassLog | None] = contextvars.ContextVar("omni_compile_pass_log", default=None)
+_dump_root: contextvars.ContextVar[Path | None] = contextvars.ContextVar("omni_compile_dump_root", default=None)
+
+
+def current_log() -> PassLog | None:
+    """The pass log of the graph being compiled (inside `PassManager.recording`), else None."""
+    return _current_log.get()
+
+
+@contextlib.contextmanager
+def dumping(root: Path):
+    """Dump every graph rewritten inside this block under `root/REGION/KEY` (from a log labelled
+    'REGION@KEY'), unless its log has a dump_dir of its own. The artifact build uses it to store the
+    graphs `omni-compile inspect` reads."""
+    token = _dump_root.set(Path(root))
+    try:
+        yield
+    finally:
+        _dump_root.reset(token)
 
 
 def enabled_passes(config: CompileConfig) -> list[str]:
@@ -144,6 +162,8 @@ class PassManager(CustomGraphPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         log = _current_log.get() or PassLog(label="<unattributed>")
+        if log.dump_dir is None and _dump_root.get() is not None:
+            log.dump_dir = _dump_root.get().joinpath(*log.label.split("@", 1))
         counters.pass_manager_runs += 1
         for i, p in enumerate(self.passes):
             if log.dump_dir is not None:

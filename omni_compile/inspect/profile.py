@@ -1,0 +1,129 @@
+"""One profiled step per bucket: time per region and per kernel category, kernel counts, top kernels.
+
+Each region instance's call runs inside a `record_function("omni_compile.region:NAME")` range, so the
+profile attributes time to regions. On CUDA the kernels are the device events (their device time; a
+region's time is the device time of the kernels launched inside its ranges); on the CPU they are the
+leaf CPU ops (Inductor's generated C++ kernels get ranges of their own with
+`cpp.enable_kernel_profile`, which `inspect --profile` turns on for its compile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+
+import torch
+
+from omni_compile.inspect.categories import CATEGORIES, kernel_category
+
+REGION_RANGE = "omni_compile.region:"
+TOP = 15
+
+
+@contextlib.contextmanager
+def region_ranges(regions):
+    """Wrap every instance's forward in a profiler range named after its region."""
+    saved = []
+    for region in regions:
+        for _, module in region.instances:
+            fwd = module.__dict__.get("forward")
+            if fwd is None:
+                continue
+            saved.append((module, fwd))
+            module.forward = _ranged(fwd, REGION_RANGE + region.name)
+    try:
+        yield
+    finally:
+        for module, fwd in saved:
+            module.forward = fwd
+
+
+def _ranged(fn, name):
+    def forward(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    return forward
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile_step(step, device: str) -> dict:
+    """Profile one call of `step`: kernels by category, per region, top kernels (times in ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        step()
+        _sync(device)
+    events = list(prof.events())
+    kernels = _device_kernels(events) if cuda else _cpu_kernels(events)
+    cats: dict[str, list] = {c: [0, 0.0] for c in CATEGORIES}
+    per_kernel: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        t = _time(e, cuda)
+        cat = kernel_category(e.name)
+        cats[cat][0] += 1
+        cats[cat][1] += t
+        per_kernel[e.name][0] += 1
+        per_kernel[e.name][1] += t
+    regions: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.name.startswith(REGION_RANGE):
+            r = regions[e.name[len(REGION_RANGE):]]
+            r[0] += 1
+            r[1] += (e.device_time_total if cuda else e.cpu_time_total) / 1e3
+    total = sum(v[1] for v in cats.values())
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:TOP]
+    return {
+        "time_source": "device kernels (CUDA)" if cuda else "CPU ops (outermost kernel ops)",
+        "kernels": len(kernels),
+        "total_ms": round(total, 3),
+        "by_category": {c: {"count": n, "ms": round(ms, 3), "share": round(ms / total, 4) if total else 0.0}
+                        for c, (n, ms) in cats.items() if n},  # fmt: skip
+        "by_region": {r: {"calls": n, "ms": round(ms, 3)} for r, (n, ms) in regions.items()},
+        "top_kernels": [{"name": n, "category": kernel_category(n), "count": c, "ms": round(ms, 3)}
+                        for n, (c, ms) in top],  # fmt: skip
+    }
+
+
+def _device_kernels(events) -> list:
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _cpu_kernels(events) -> list:
+    """The outermost CPU ops that are kernels of a category (GEMM, attention, generated C++, copies), and
+    the leaf ops outside them; wrapper ranges (regions, compiled-graph calls) are looked through."""
+    out = []
+    stack = [e for e in events if e.cpu_parent is None and e.device_type == torch.autograd.DeviceType.CPU]
+    while stack:
+        e = stack.pop()
+        if not e.name.startswith(REGION_RANGE) and (kernel_category(e.name) != "other" or not e.cpu_children):
+            if not e.name.startswith(_NOT_KERNELS):
+                out.append(e)
+            continue
+        stack.extend(e.cpu_children)
+    return out
+
+
+_NOT_KERNELS = ("## ", "[pgo]", "Torch-Compiled Region", "CompiledFunction", "TorchDynamo", "Pregraph bytecode",
+                "AOTDispatcher", "aten::empty", "aten::resolve_conj", "aten::resolve_neg")
+
+
+def _time(e, cuda: bool) -> float:
+    return (e.device_time if cuda else e.cpu_time) / 1e3
+
+
+def profile_buckets(model, regions, inputs: dict, device: str) -> dict:
+    """Per bucket: one warm step (already compiled: no compiles), then one profiled step."""
+    out = {}
+    with torch.no_grad(), region_ranges(regions):
+        for bucket, kwargs in inputs.items():
+            model(**kwargs)  # warm: allocator, autotuning caches
+            out[bucket] = profile_step(lambda kw=kwargs: model(**kw), device)
+    return {"device": device, "buckets": out}
