@@ -133,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--device", help="cuda, cpu or xpu (default: cuda when available)")
     a.add_argument("--head-dim", type=int, help="check the backends against this head size too")
     a.add_argument("--dtype", default="bf16", help="dtype to check with --head-dim (default bf16)")
+    _inspect_parser(sub)
     return p
 
 
@@ -395,6 +396,19 @@ def _cmd_attention(console, args) -> int:
     return 0
 
 
+def _inspect_parser(sub) -> None:
+    """`inspect` (docs/inspect.md); the options live with the inspect package."""
+    from omni_compile.inspect.command import add_arguments
+
+    add_arguments(sub.add_parser("inspect", help="show each region's graphs before/after every pass, matches, kernels, profile"))
+
+
+def _cmd_inspect(args, console) -> int:
+    from omni_compile.inspect.command import run
+
+    return run(args, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -423,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_passes(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
         if args.command == "attention":
             return _cmd_attention(Console(highlight=False, width=None if sys.stdout.isatty() else 120), args)
+        if args.command == "inspect":
+            return _cmd_inspect(args, console)
     except OmniCompileError as e:
         print(f"omni-compile: error: {e}", file=sys.stderr)
         return 2
