@@ -134,7 +134,16 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--head-dim", type=int, help="check the backends against this head size too")
     a.add_argument("--dtype", default="bf16", help="dtype to check with --head-dim (default bf16)")
     _inspect_parser(sub)
+    _serve_parsers(sub)
     return p
+
+
+def _serve_parsers(sub) -> None:
+    """`serve` and `pipeline` (docs/serving.md); the options live with the server."""
+    from omni_compile.server.serve import add_pipeline_arguments, add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="serve an artifact over HTTP (OpenAI images API, docs/serving.md)"))
+    add_pipeline_arguments(sub.add_parser("pipeline", help="write a preset's whole random diffusers pipeline to a directory"))
 
 
 def _cmd_build(args, console) -> int:
@@ -396,6 +405,12 @@ def _cmd_attention(console, args) -> int:
     return 0
 
 
+def _cmd_serve(args, console) -> int:
+    from omni_compile.server.serve import run_pipeline_command, run_serve
+
+    return run_serve(args, console) if args.command == "serve" else run_pipeline_command(args, console)
+
+
 def _inspect_parser(sub) -> None:
     """`inspect` (docs/inspect.md); the options live with the inspect package."""
     from omni_compile.inspect.command import add_arguments
@@ -437,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_passes(Console(highlight=False, width=None if sys.stdout.isatty() else 120))
         if args.command == "attention":
             return _cmd_attention(Console(highlight=False, width=None if sys.stdout.isatty() else 120), args)
+        if args.command in ("serve", "pipeline"):
+            return _cmd_serve(args, console)
         if args.command == "inspect":
             return _cmd_inspect(args, console)
     except OmniCompileError as e:

@@ -1,0 +1,246 @@
+"""`build_app(config)`: the FastAPI app of `omni-compile serve` (routes in docs/serving.md).
+
+The lifespan loads the pipeline (an artifact that fails its checks stops the start-up), then starts the
+engine, whose worker warms up every bucket before /health turns 200; at shutdown it lets the engine
+finish the requests it holds. Every error leaves as `{"error": {"message", "type", "param", "code"}}`
+from the handlers in `_install_error_handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from omni_compile.server.config import ServeConfig
+from omni_compile.server.engine import Engine, Job, split_batch
+from omni_compile.server.metrics import Metrics
+from omni_compile.server.schemas import ImageData, ImageRequest, ImageResponse, RequestError, validate
+
+logger = logging.getLogger("omni_compile.server")
+GENERATIONS = "/v1/images/generations"
+
+
+def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
+    """The app. `loader(config)` returns the loaded pipeline (default: `pipeline.load_pipeline`)."""
+    metrics = Metrics()
+    model_name = config.model_name or Path(config.artifact).name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if loader is None:
+            from omni_compile.server.pipeline import load_pipeline as load
+        else:
+            load = loader
+        t0 = time.perf_counter()
+        pipe = await asyncio.to_thread(load, config)
+        app.state.load_seconds = round(time.perf_counter() - t0, 3)
+        logger.info("pipeline loaded in %.2f s (%s): %s", app.state.load_seconds, pipe.source, pipe.seconds)
+        engine = Engine(pipe, metrics, max_queue=config.max_queue, max_batch=config.max_batch,
+                        warmup=lambda: _warmup(pipe, config))  # fmt: skip
+        app.state.pipe, app.state.engine, app.state.started = pipe, engine, time.time()
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.stop)
+
+    app = FastAPI(title="omni-compile", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.config, app.state.metrics, app.state.model_name = config, metrics, model_name
+    app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
+    _install_error_handlers(app)  # after: its counting middleware sees the 413s too
+    auth = Depends(_require_key(config.api_key))
+
+    @app.get("/health")
+    async def health(request: Request):
+        engine = getattr(request.app.state, "engine", None)
+        if engine is not None and engine.ready:
+            return {"status": "ok"}
+        state = "loading" if engine is None else engine.state
+        body = {"status": state}
+        if engine is not None and engine.error:
+            body["error"] = engine.error
+        return JSONResponse(body, status_code=503)
+
+    @app.get("/v1/models", dependencies=[auth])
+    async def models(request: Request):
+        pipe = request.app.state.pipe
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "owned_by": "omni-compile", "created": int(request.app.state.started),
+            "sizes": pipe.sizes, "batch_sizes": {s: pipe.batch_sizes(*_hw(s)) for s in pipe.sizes},
+            "max_sequence_length": pipe.text_len, "compiled": pipe.compiled, "pipeline": pipe.source,
+            "startup_seconds": {**pipe.seconds, "load_total": request.app.state.load_seconds,
+                                "warmup": request.app.state.engine.warmup_seconds},
+        }]}  # fmt: skip
+
+    @app.get("/metrics", dependencies=[auth])
+    async def metrics_route(request: Request):
+        engine = getattr(request.app.state, "engine", None)
+        text = metrics.render(queue_depth=engine.depth() if engine else 0, ready=bool(engine and engine.ready),
+                              worker_alive=bool(engine and engine.alive))  # fmt: skip
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post(GENERATIONS, dependencies=[auth], response_model=ImageResponse)
+    async def generate(body: ImageRequest, request: Request):
+        state = request.app.state
+        pipe, engine = state.pipe, state.engine
+        height, width, steps = validate(
+            body, sizes=pipe.sizes, default_size=pipe.sizes[0], max_n=config.max_n, max_steps=config.max_steps,
+            default_steps=config.default_steps, model_name=model_name, any_size=not pipe.compiled,
+        )
+        why = pipe.prompt_error(body.prompt)
+        if why:
+            raise RequestError(400, why, param="prompt", code="prompt_too_long")
+        sizes = [b for b in pipe.batch_sizes(height, width) if b <= max(config.max_batch, 1)] or pipe.batch_sizes(height, width)
+        if split_batch(body.n, sizes) is None:
+            raise RequestError(400, f"n={body.n} cannot be made of the compiled batch sizes {sizes} for "
+                               f"{width}x{height}; ask for a multiple of them", param="n")  # fmt: skip
+        seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(6), "big")
+        job = Job(prompt=body.prompt, n=body.n, seed=seed, height=height, width=width, steps=steps,
+                  guidance=float(body.guidance_scale), deadline=time.monotonic() + config.timeout_s)  # fmt: skip
+        future = asyncio.wrap_future(engine.submit(job))
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=0.25)
+            if done:
+                break
+            if await request.is_disconnected():
+                job.gone = "disconnected"
+                engine.forget(job)
+                raise RequestError(499, "the client disconnected")
+            if time.monotonic() > job.deadline:
+                job.gone = "deadline"
+                engine.forget(job)
+                raise RequestError(504, f"the request did not finish within {config.timeout_s:g} s; retry, "
+                                   "or ask for fewer steps or images", type="timeout_error")  # fmt: skip
+        images = future.result()
+        return ImageResponse(created=int(time.time()), data=[
+            ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=body.prompt, seed=s) for s, png in images
+        ])  # fmt: skip
+
+    return app
+
+
+def _hw(size: str) -> tuple[int, int]:
+    w, h = size.split("x")
+    return int(h), int(w)
+
+
+def _warmup(pipe, config: ServeConfig) -> None:
+    """One small run per bucket and batch size (on CUDA this also captures the bucket's CUDA graph)."""
+    for b in pipe.buckets:
+        pipe.run(["warm up"] * b.batch, list(range(b.batch)), b.height, b.width, max(config.warmup_steps, 1), 3.5)
+
+
+def _require_key(api_key: str | None):
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if header != f"Bearer {api_key}":
+            raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                               type="authentication_error", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    return check
+
+
+def _error(status: int, message: str, type: str, param=None, code=None, headers=None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error body is made here; /v1/images/generations answers are counted and timed here too."""
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, e: RequestError):
+        b = e.body
+        return _error(e.status, b.message, b.type, b.param, b.code, e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        errors = e.errors()
+        if any(err.get("type") == "json_invalid" for err in errors):
+            return _error(422, "the body is not valid JSON; send a JSON object such as {\"prompt\": \"a cat\"}",
+                          "invalid_request_error", None, "invalid_json")  # fmt: skip
+        problems, params = [], []
+        for err in errors:
+            loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+            problems.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
+            params.append(loc[0] if loc else None)
+        return _error(422, "invalid request: " + "; ".join(problems), "invalid_request_error",
+                      params[0] if params else None, "invalid_type")  # fmt: skip
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, e):
+        return _error(404, f"no route {request.method} {request.url.path}; see /v1/models and {GENERATIONS}",
+                      "not_found_error")  # fmt: skip
+
+    @app.exception_handler(405)
+    async def wrong_method(request: Request, e):
+        return _error(405, f"{request.method} is not allowed on {request.url.path}", "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, e: Exception):
+        logger.exception("unhandled error on %s", request.url.path)
+        return _error(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        if request.url.path != GENERATIONS:
+            return await call_next(request)
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            app.state.metrics.request_done(status, time.perf_counter() - t0)
+
+
+class _BodyLimit:
+    """ASGI middleware: a body over `limit` bytes (by Content-Length or as it streams in) gets 413."""
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _too_large(self.limit, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _too_large(self.limit, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(limit: int, send) -> None:
+    resp = _error(413, f"the request body is larger than {limit} bytes (--max-body-bytes)", "invalid_request_error")
+    await send({"type": "http.response.start", "status": 413, "headers": resp.raw_headers})
+    await send({"type": "http.response.body", "body": resp.body})

@@ -1,0 +1,40 @@
+"""`ServeConfig`: everything `omni-compile serve` can set, one field per flag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeConfig:
+    artifact: str
+    """The artifact directory written by `omni-compile build`."""
+    pipeline: str | None = None
+    """A diffusers pipeline directory (text encoders, tokenizers, VAE, scheduler); default: the one the
+    artifact was built from, or a seeded random pipeline for a preset artifact."""
+    device: str | None = None
+    """Device to run on (default: the one the artifact was built for)."""
+    api_key: str | None = None
+    """When set, every route but /health needs `Authorization: Bearer API_KEY`."""
+    max_queue: int = 16
+    """Requests waiting for the worker at most; one more is answered 429 at once."""
+    max_batch: int = 1
+    """Images of compatible requests (same size, steps, guidance) run together, up to this many, when the
+    artifact has a bucket of that batch size."""
+    max_n: int = 4
+    """Images per request at most."""
+    max_steps: int = 100
+    """Denoising steps per request at most."""
+    default_steps: int = 28
+    """Steps when a request does not say."""
+    timeout_s: float = 600.0
+    """Per-request deadline: a request not finished by then fails with 504, and its work stops at the next step."""
+    max_body_bytes: int = 1 << 20
+    """Larger request bodies are answered 413."""
+    jit_fallback: bool = False
+    """Load the artifact on another platform by compiling just in time (sizes are then not limited to
+    the artifact's buckets); without it such an artifact is refused."""
+    warmup_steps: int = 2
+    """Steps of the warm-up run per bucket at start (captures CUDA graphs on a GPU)."""
+    model_name: str | None = None
+    """The model id in /v1/models and responses (default: the artifact directory's name)."""

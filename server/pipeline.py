@@ -1,0 +1,170 @@
+"""The diffusers pipeline around the artifact's transformer: loading it, checking prompts, running a batch.
+
+Where the parts come from: `--pipeline DIR` if given; else the pipeline directory the artifact was built
+from (`omni-compile build DIR` records DIR/transformer as the model source); else, for a preset artifact
+(`flux-tiny`, `flux-dev`), a seeded random pipeline made in memory (`omni_compile.models.flux_pipeline`).
+The transformer is always `omni_compile.load(ARTIFACT, weights=...)`: its regions run the compiled files.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import omni_compile
+from omni_compile.server.config import ServeConfig
+
+logger = logging.getLogger("omni_compile.server")
+
+
+@dataclass
+class Bucket:
+    height: int
+    width: int
+    batch: int
+
+
+@dataclass
+class LoadedPipeline:
+    """The pipeline and what the server needs to know about it."""
+
+    pipe: Any
+    manifest: dict[str, Any]
+    device: torch.device
+    text_len: int
+    buckets: list[Bucket]
+    compiled: bool  # False: the transformer was JIT-compiled (--jit-fallback on another platform)
+    source: str  # where the text encoders, VAE and scheduler came from
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def sizes(self) -> list[str]:
+        """Served sizes as OpenAI writes them, WIDTHxHEIGHT, in the manifest's order."""
+        return list(dict.fromkeys(f"{b.width}x{b.height}" for b in self.buckets))
+
+    def batch_sizes(self, height: int, width: int) -> list[int]:
+        sizes = sorted({b.batch for b in self.buckets if (b.height, b.width) == (height, width)})
+        return sizes or [1]  # a size outside the buckets (JIT fallback) runs one image at a time
+
+    def prompt_error(self, prompt: str) -> str | None:
+        """Why `prompt` is too long for a tokenizer, or None."""
+        for name, limit in (("tokenizer", self.pipe.tokenizer.model_max_length), ("tokenizer_2", self.text_len)):
+            n = len(getattr(self.pipe, name)(prompt).input_ids)
+            if n > limit:
+                return (f"prompt is {n} tokens for the {'CLIP' if name == 'tokenizer' else 'T5'} tokenizer, which "
+                        f"takes at most {limit} here; shorten it")  # fmt: skip
+        return None
+
+    def run(self, prompts: list[str], seeds: list[int], height: int, width: int, steps: int, guidance: float,
+            on_step: Callable[[int], None] | None = None) -> list[bytes]:  # fmt: skip
+        """One pipeline call: len(prompts) images, image i drawn from a generator seeded seeds[i]; PNG bytes."""
+        gens = [torch.Generator(self.device).manual_seed(s) for s in seeds]
+
+        def callback(pipe, i, t, kwargs):
+            if on_step is not None:
+                on_step(i)
+            return {}
+
+        with torch.inference_mode():
+            out = self.pipe(prompt=prompts, height=height, width=width, num_inference_steps=steps,
+                            guidance_scale=guidance, max_sequence_length=self.text_len, generator=gens,
+                            output_type="pil", callback_on_step_end=callback)  # fmt: skip
+        pngs = []
+        for img in out.images:
+            buf = io.BytesIO()
+            img.save(buf, format="PNG")
+            pngs.append(buf.getvalue())
+        return pngs
+
+
+def read_manifest(artifact: str | Path) -> dict[str, Any]:
+    path = Path(artifact) / "manifest.json"
+    if not path.is_file():
+        raise omni_compile.ArtifactError(f"{artifact} has no manifest.json; pass a directory written by "
+                                         "`omni-compile build`")  # fmt: skip
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise omni_compile.ArtifactError(f"{path} is not valid JSON ({e}); rebuild the artifact") from None
+
+
+def pipeline_dir(config: ServeConfig, manifest: dict[str, Any]) -> Path | None:
+    """The diffusers pipeline directory to read the other parts from, or None for a preset's random one."""
+    if config.pipeline:
+        d = Path(config.pipeline)
+        if not (d / "model_index.json").is_file():
+            raise omni_compile.ConfigError(f"--pipeline {d} is not a diffusers pipeline directory (no model_index.json)")
+        return d
+    source = manifest["model"]["source"]
+    if source.startswith("preset:"):
+        return None
+    d = Path(source)
+    for cand in (d, d.parent):
+        if (cand / "model_index.json").is_file():
+            return cand
+    raise omni_compile.ConfigError(
+        f"the artifact was built from {source}, which is not inside a diffusers pipeline directory; pass "
+        "--pipeline DIR (a directory with model_index.json, text encoders, tokenizers, VAE and scheduler)"
+    )
+
+
+def load_pipeline(config: ServeConfig) -> LoadedPipeline:
+    from diffusers import FluxPipeline
+    from diffusers.utils import logging as dlogging
+
+    from omni_compile.models.flux_pipeline import match_build_call, random_pipeline
+
+    manifest = read_manifest(config.artifact)
+    family = manifest["model"]["family"]
+    if family != "flux":
+        raise omni_compile.ConfigError(f"the artifact is a {family!r} model; `omni-compile serve` runs FLUX "
+                                       "text-to-image pipelines only")  # fmt: skip
+    build = manifest["build"]
+    device = config.device or build["device"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[build["dtype"]]
+    root = pipeline_dir(config, manifest)
+    seconds: dict[str, float] = {}
+    dlogging.set_verbosity_error()
+    t0 = time.perf_counter()
+    if root is None:
+        from omni_compile.models import resolve_model
+
+        preset, seed = manifest["model"]["source"].removeprefix("preset:"), manifest["weights"].get("seed", 0)
+        spec = resolve_model(preset, model_config=manifest["model"]["config"])
+        weights = spec.load(dtype=dtype, device=device, seed=seed)  # the build's seeded random weights
+        t1 = time.perf_counter()
+        transformer = omni_compile.load(config.artifact, weights=weights, device=device,
+                                        jit_fallback=config.jit_fallback)  # fmt: skip
+        t2 = time.perf_counter()
+        pipe = random_pipeline(preset, transformer, dtype=dtype, device=device, seed=seed)
+        source = f"random {preset} pipeline (seed {seed})"
+        seconds.update(transformer_weights=t1 - t0, artifact_load=t2 - t1, other_parts=time.perf_counter() - t2)
+    else:
+        from omni_compile.models import resolve_model
+
+        weights = resolve_model(str(root / "transformer")).load(dtype=dtype, device=device)
+        t1 = time.perf_counter()
+        transformer = omni_compile.load(config.artifact, weights=weights, device=device,
+                                        jit_fallback=config.jit_fallback)  # fmt: skip
+        t2 = time.perf_counter()
+        pipe = FluxPipeline.from_pretrained(root, transformer=transformer, torch_dtype=dtype, local_files_only=True)
+        pipe = pipe.to(device)
+        match_build_call(transformer)
+        source = str(root)
+        seconds.update(transformer_weights=t1 - t0, artifact_load=t2 - t1, other_parts=time.perf_counter() - t2)
+    seconds = {k: round(v, 3) for k, v in seconds.items()}
+    pipe.set_progress_bar_config(disable=True)
+    buckets = [Bucket(b.height, b.width, b.batch) for b in map(omni_compile.ShapeBucket.parse, build["buckets"])]
+    artifact_info = getattr(transformer, "_omni_artifact", None)
+    if artifact_info is not None:
+        seconds.update({f"artifact_{k}": v for k, v in artifact_info.seconds.items()})
+    return LoadedPipeline(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=int(build["text_len"]),
+                          buckets=buckets, compiled=artifact_info is not None, source=source,
+                          seconds=seconds)  # fmt: skip

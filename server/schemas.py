@@ -1,0 +1,95 @@
+"""Request and response bodies (OpenAI images API plus our extensions), and the checks that need the
+loaded model (sizes, prompt length). Types are checked by pydantic (422); values by `validate` (400)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+
+class ImageRequest(BaseModel):
+    """POST /v1/images/generations. Unknown OpenAI fields (quality, style, user) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: StrictStr
+    n: StrictInt = 1
+    size: StrictStr | None = None
+    response_format: StrictStr = "b64_json"
+    model: StrictStr | None = None
+    seed: StrictInt | None = None
+    num_inference_steps: StrictInt | None = None
+    guidance_scale: StrictFloat | StrictInt = 3.5
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None
+    seed: int = Field(description="the seed this image was drawn with (request seed + index)")
+
+
+class ImageResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: Literal["invalid_request_error", "authentication_error", "server_error", "overloaded_error",
+                  "timeout_error", "not_found_error"]  # fmt: skip
+    param: str | None = None
+    code: str | None = None
+
+
+class RequestError(Exception):
+    """A request the server refuses; `app` turns it into `{"error": ErrorBody}` with `status`."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.headers = headers
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """OpenAI's "WIDTHxHEIGHT" as (height, width); our buckets are HEIGHTxWIDTH."""
+    w, sep, h = size.lower().partition("x")
+    if not sep or not w.isdigit() or not h.isdigit():
+        raise RequestError(400, f"size {size!r} is not WIDTHxHEIGHT, e.g. '1024x1024'", param="size")
+    return int(h), int(w)
+
+
+def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: int, max_steps: int,
+             default_steps: int, model_name: str, any_size: bool) -> tuple[int, int, int]:  # fmt: skip
+    """The request's (height, width, steps) after the value checks; raises RequestError (400)."""
+    if req.model is not None and req.model != model_name:
+        raise RequestError(400, f"model {req.model!r} is not served here; this server serves {model_name!r}",
+                           param="model", code="model_not_found")  # fmt: skip
+    if req.response_format != "b64_json":
+        raise RequestError(400, f"response_format {req.response_format!r} is not supported: images are returned "
+                           "inline only; use 'b64_json'", param="response_format")  # fmt: skip
+    if not req.prompt.strip():
+        raise RequestError(400, "prompt is empty", param="prompt")
+    if not 1 <= req.n <= max_n:
+        raise RequestError(400, f"n must be between 1 and {max_n}, got {req.n}", param="n")
+    steps = default_steps if req.num_inference_steps is None else req.num_inference_steps
+    if not 1 <= steps <= max_steps:
+        raise RequestError(400, f"num_inference_steps must be between 1 and {max_steps}, got {steps}",
+                           param="num_inference_steps")  # fmt: skip
+    if not 0.0 <= float(req.guidance_scale) <= 100.0:
+        raise RequestError(400, f"guidance_scale must be between 0 and 100, got {req.guidance_scale}",
+                           param="guidance_scale")  # fmt: skip
+    if req.seed is not None and not 0 <= req.seed < 2**63 - max_n:
+        raise RequestError(400, f"seed must be between 0 and 2**63 - {max_n + 1}, got {req.seed}", param="seed")
+    size = req.size or default_size
+    height, width = parse_size(size)
+    if f"{width}x{height}" not in sizes and not any_size:
+        raise RequestError(400, f"size {size!r} is not served: the artifact was compiled for "
+                           f"{', '.join(sizes)} (WIDTHxHEIGHT). Ask for one of them, or rebuild the artifact "
+                           "with the size added to --shapes", param="size", code="unsupported_size")  # fmt: skip
+    if any_size and (height % 16 or width % 16 or not 16 <= height <= 4096 or not 16 <= width <= 4096):
+        raise RequestError(400, f"size {size!r}: width and height must be multiples of 16 between 16 and 4096",
+                           param="size")  # fmt: skip
+    return height, width, steps

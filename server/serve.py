@@ -1,0 +1,100 @@
+"""`omni-compile serve ART` and `omni-compile pipeline PRESET --out DIR`: options and the commands.
+
+Kept light at import (the CLI builds its parser from here): FastAPI, uvicorn and torch load only when a
+command runs. `serve` checks the artifact first (manifest, platform, every file's sha256) and exits 2
+with one line when it fails, before the HTTP server starts; uvicorn then handles SIGTERM/SIGINT by
+closing the listening socket, letting requests in flight finish, and running the lifespan's shutdown,
+which lets the engine finish what it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omni_compile.errors import ConfigError
+
+
+def add_serve_arguments(p) -> None:
+    p.add_argument("artifact", help="an artifact directory written by `omni-compile build` (a FLUX model)")
+    p.add_argument("--pipeline", metavar="DIR", help="diffusers pipeline directory for the text encoders, tokenizers, "
+                   "VAE and scheduler (default: the one the artifact was built from; a preset's random one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--device", help="device to run on (default: the one the artifact was built for)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting at most; more get 429 (default 16)")
+    p.add_argument("--max-batch", type=int, default=1, help="images of compatible requests run together, when the "
+                   "artifact has a bucket of that batch size (default 1)")
+    p.add_argument("--max-n", type=int, default=4, help="images per request at most (default 4)")
+    p.add_argument("--max-steps", type=int, default=100, help="num_inference_steps at most (default 100)")
+    p.add_argument("--default-steps", type=int, default=28, help="steps when a request does not say (default 28)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request deadline in seconds (default 600)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413 (default 1 MiB)")
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps of the warm-up run per bucket (default 2)")
+    p.add_argument("--jit-fallback", action="store_true", help="on another platform, compile the model here "
+                   "instead of refusing the artifact (any size is then served)")
+    p.add_argument("--model-name", help="model id in /v1/models (default: the artifact directory's name)")
+    p.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
+
+
+def add_pipeline_arguments(p) -> None:
+    p.add_argument("preset", help="flux-tiny or flux-dev")
+    p.add_argument("--out", required=True, help="directory to write (model_index.json, transformer/, text_encoder/, ...)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0, as `build`'s)")
+    p.add_argument("--dtype", default="fp32", help="bf16, fp16 or fp32 (default fp32)")
+
+
+def serve_config(args):
+    from omni_compile.server.config import ServeConfig
+
+    positive = {"--max-queue": args.max_queue, "--max-batch": args.max_batch, "--max-n": args.max_n,
+                "--max-steps": args.max_steps, "--default-steps": args.default_steps, "--timeout": args.timeout,
+                "--max-body-bytes": args.max_body_bytes}  # fmt: skip
+    for flag, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{flag} must be positive, got {value}")
+    if args.default_steps > args.max_steps:
+        raise ConfigError(f"--default-steps {args.default_steps} is above --max-steps {args.max_steps}")
+    api_key = args.api_key
+    return ServeConfig(artifact=args.artifact, pipeline=args.pipeline, device=args.device, api_key=api_key,
+                       max_queue=args.max_queue, max_batch=args.max_batch, max_n=args.max_n,
+                       max_steps=args.max_steps, default_steps=args.default_steps, timeout_s=args.timeout,
+                       max_body_bytes=args.max_body_bytes, jit_fallback=args.jit_fallback,
+                       warmup_steps=args.warmup_steps, model_name=args.model_name)  # fmt: skip
+
+
+def run_serve(args, console) -> int:
+    import uvicorn
+
+    from omni_compile.artifact.loader import check
+    from omni_compile.server.app import build_app
+    from omni_compile.server.pipeline import pipeline_dir, read_manifest
+
+    config = serve_config(args)
+    manifest = read_manifest(config.artifact)
+    if manifest["model"]["family"] != "flux":
+        raise ConfigError(f"{config.artifact} holds a {manifest['model']['family']!r} model; `omni-compile serve` "
+                          "runs FLUX text-to-image pipelines only")  # fmt: skip
+    check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)  # platform and sha256s
+    pipeline_dir(config, manifest)  # a missing pipeline directory is reported before anything loads
+    console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")
+    logging.getLogger("omni_compile.server").setLevel(logging.INFO)
+    server = uvicorn.Server(uvicorn.Config(build_app(config), host=args.host, port=args.port,
+                                           log_level=args.log_level, timeout_graceful_shutdown=None))  # fmt: skip
+    server.run()
+    if not server.started:
+        console.print("omni-compile: error: the server did not start (the reason is logged above)")
+        return 1
+    return 0
+
+
+def run_pipeline_command(args, console) -> int:
+    from omni_compile.config import parse_dtype
+    from omni_compile.models.flux_pipeline import PARTS, save_pipeline
+
+    if args.preset not in PARTS:
+        raise ConfigError(f"no pipeline for {args.preset!r}; choose one of {', '.join(PARTS)}")
+    out = save_pipeline(args.preset, args.out, seed=args.seed, dtype=parse_dtype(args.dtype))
+    console.print(f"wrote {out} ({args.preset} pipeline, random weights seed {args.seed}); build it with "
+                  f"`omni-compile build {out}` and serve the artifact")  # fmt: skip
+    return 0

@@ -1,0 +1,223 @@
+"""The server's engine, schemas and app without a model: a fake pipeline stands in for FLUX."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from omni_compile.server import ServeConfig, build_app
+from omni_compile.server.engine import Engine, Job, split_batch
+from omni_compile.server.metrics import Metrics
+from omni_compile.server.pipeline import Bucket
+from omni_compile.server.schemas import ImageRequest, RequestError, parse_size, validate
+
+
+class FakePipeline:
+    """Runs "images" as the bytes of (prompt, seed); can be told to fail, block or die."""
+
+    compiled = True
+    text_len = 8
+    source = "fake"
+    seconds: dict = {}
+
+    def __init__(self, buckets=((64, 64, 1),)):
+        self.buckets = [Bucket(*b) for b in buckets]
+        self.calls: list[list[int]] = []
+        self.fail: BaseException | None = None
+        self.gate = threading.Event()
+        self.gate.set()
+
+    @property
+    def sizes(self):
+        return list(dict.fromkeys(f"{b.width}x{b.height}" for b in self.buckets))
+
+    def batch_sizes(self, height, width):
+        return sorted({b.batch for b in self.buckets if (b.height, b.width) == (height, width)}) or [1]
+
+    def prompt_error(self, prompt):
+        return "too long" if len(prompt.split()) > 6 else None
+
+    def run(self, prompts, seeds, height, width, steps, guidance, on_step=None):
+        self.calls.append(list(seeds))
+        for i in range(steps):
+            self.gate.wait(10)
+            if self.fail is not None:
+                err, self.fail = self.fail, None
+                raise err
+            if on_step:
+                on_step(i)
+        return [f"{p}|{s}".encode() for p, s in zip(prompts, seeds)]
+
+
+def job(n=1, seed=0, steps=2, deadline=60.0, **kw):
+    return Job(prompt="a cat", n=n, seed=seed, height=64, width=64, steps=steps, guidance=3.5,
+               deadline=time.monotonic() + deadline, **kw)  # fmt: skip
+
+
+def engine(pipe, **kw) -> Engine:
+    e = Engine(pipe, Metrics(), max_queue=kw.pop("max_queue", 4), max_batch=kw.pop("max_batch", 1), **kw)
+    e.start()
+    for _ in range(200):
+        if e.ready:
+            return e
+        time.sleep(0.01)
+    raise AssertionError("engine never ready")
+
+
+def test_split_batch():
+    assert split_batch(4, [1]) == [1, 1, 1, 1]
+    assert split_batch(5, [1, 2]) == [2, 2, 1]
+    assert split_batch(4, [2, 4]) == [4]
+    assert split_batch(3, [2]) is None
+    assert split_batch(6, [4, 3]) == [3, 3]
+
+
+def test_images_by_seed_and_batching():
+    pipe = FakePipeline(buckets=((64, 64, 1), (64, 64, 2)))
+    pipe.gate.clear()
+    e = engine(pipe, max_batch=2)
+    first = e.submit(job(seed=50))  # runs alone while the gate is closed...
+    time.sleep(0.1)
+    a, b = e.submit(job(seed=10)), e.submit(job(seed=20))  # ...these two queue and run as one batch of 2
+    pipe.gate.set()
+    assert first.result(10) == [(50, b"a cat|50")]
+    assert a.result(10) == [(10, b"a cat|10")] and b.result(10) == [(20, b"a cat|20")]
+    assert pipe.calls[-1] == [10, 20]
+    assert e.submit(job(n=3, seed=5)).result(10) == [(5, b"a cat|5"), (6, b"a cat|6"), (7, b"a cat|7")]
+    assert pipe.calls[-2:] == [[5, 6], [7]]
+    e.stop(10)
+    assert e.state == "stopped" and e.metrics.images == 6 and e.metrics.batches == 4
+
+
+def test_queue_full_and_error_recovery():
+    pipe = FakePipeline()
+    pipe.gate.clear()
+    e = engine(pipe, max_queue=1)
+    running = e.submit(job())
+    time.sleep(0.1)
+    queued = e.submit(job(seed=1))
+    with pytest.raises(RequestError) as info:
+        e.submit(job(seed=2))
+    assert info.value.status == 429 and e.depth() == 1
+    pipe.fail = MemoryError("out of memory (fake)")
+    pipe.gate.set()
+    with pytest.raises(RequestError) as info:
+        running.result(10)
+    assert info.value.status == 500 and "out of memory" in info.value.body.message
+    assert queued.result(10) == [(1, b"a cat|1")]  # the worker went on
+    assert e.ready and e.alive
+    e.stop(10)
+
+
+def test_worker_death_fails_waiting_jobs():
+    pipe = FakePipeline()
+    pipe.gate.clear()
+    e = engine(pipe)
+    running = e.submit(job())
+    time.sleep(0.1)
+    waiting = e.submit(job(seed=1))
+    pipe.fail = SystemExit("fatal")  # not an Exception: ends the worker
+    pipe.gate.set()
+    with pytest.raises(RequestError) as info:
+        waiting.result(10)
+    assert info.value.status == 503
+    e.thread.join(10)
+    assert not e.alive and not e.ready and "fatal" in e.error
+    with pytest.raises(RequestError) as info:
+        e.submit(job())
+    assert info.value.status == 503
+    with pytest.raises(RequestError) as info:
+        running.result(10)  # the job it was running fails too: no client hangs
+    assert info.value.status == 503
+
+
+def test_gone_jobs_dropped_at_step_boundary():
+    pipe = FakePipeline()
+    pipe.gate.clear()
+    e = engine(pipe)
+    j = job(steps=50)
+    fut = e.submit(j)
+    time.sleep(0.1)
+    queued = job(seed=1)
+    e.submit(queued)
+    queued.gone = "disconnected"
+    e.forget(queued)  # leaves the queue at once
+    assert e.depth() == 0
+    j.gone = "disconnected"
+    pipe.gate.set()
+    with pytest.raises(RequestError):
+        fut.result(10)
+    e.stop(10)
+    assert len(pipe.calls) == 1 and e.metrics.steps["compiled"] == 1  # stopped after its first step
+    assert e.metrics.dropped == {"disconnected": 2}
+    expired = job(deadline=-1)
+    e2 = engine(FakePipeline())
+    with pytest.raises(RequestError) as info:
+        e2.submit(expired).result(10)
+    assert info.value.status == 504 and e2.runner.calls == []
+    e2.stop(10)
+
+
+def test_validate():
+    kw = dict(sizes=["128x64"], default_size="128x64", max_n=4, max_steps=50, default_steps=28, model_name="m",
+              any_size=False)  # fmt: skip
+    assert parse_size("128x64") == (64, 128)  # WIDTHxHEIGHT in, (height, width) out
+    assert validate(ImageRequest(prompt="x", size="128x64"), **kw) == (64, 128, 28)
+    with pytest.raises(RequestError, match="128x64"):
+        validate(ImageRequest(prompt="x", size="64x128"), **kw)
+    assert validate(ImageRequest(prompt="x", size="64x128"), **{**kw, "any_size": True}) == (128, 64, 28)
+    with pytest.raises(RequestError, match="num_inference_steps"):
+        validate(ImageRequest(prompt="x", num_inference_steps=51), **kw)
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_health_503_until_warm():
+    import uvicorn
+
+    pipe = FakePipeline()
+    pipe.gate.clear()  # the warm-up run blocks until the gate opens
+    port = _port()
+    app = build_app(ServeConfig(artifact="/nowhere/fake", warmup_steps=1), loader=lambda cfg: pipe)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert _get(port, "/health") == (503, {"status": "starting"})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", method="POST",
+                                     data=b'{"prompt": "a cat"}', headers={"Content-Type": "application/json"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 503 and "warming up" in json.loads(info.value.read())["error"]["message"]
+        pipe.gate.set()
+        for _ in range(200):
+            if _get(port, "/health")[0] == 200:
+                break
+            time.sleep(0.05)
+        assert _get(port, "/health") == (200, {"status": "ok"})
+        assert _get(port, "/v1/models")[1]["data"][0]["id"] == "fake"
+    finally:
+        server.should_exit = True
+        thread.join(30)
