@@ -218,6 +218,7 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
+            await _drain(receive, 8 * self.limit)
             return await _too_large(self.limit, send)
         seen = 0
 
@@ -233,7 +234,19 @@ class _BodyLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
+            await _drain(receive, 8 * self.limit)
             await _too_large(self.limit, send)
+
+
+async def _drain(receive, cap: int) -> None:
+    """Read (and drop) what the client is still sending, up to `cap` bytes, so that it reads the 413 instead of
+    failing on a closed socket; a body larger than that is cut off."""
+    seen = 0
+    while seen <= cap:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        seen += len(message.get("body", b""))
 
 
 class _TooLarge(Exception):

@@ -10,12 +10,15 @@ which lets the engine finish what it holds.
 from __future__ import annotations
 
 import logging
+import signal
 
 from omni_compile.errors import ConfigError
 
 
 def add_serve_arguments(p) -> None:
-    p.add_argument("artifact", help="an artifact directory written by `omni-compile build` (a FLUX model)")
+    p.add_argument("artifact", nargs="?", default="out/flux-tiny",
+                   help="an artifact directory written by `omni-compile build` (a FLUX model; default out/flux-tiny, "
+                   "what a bare `omni-compile build` writes)")
     p.add_argument("--pipeline", metavar="DIR", help="diffusers pipeline directory for the text encoders, tokenizers, "
                    "VAE and scheduler (default: the one the artifact was built from; a preset's random one)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -81,7 +84,15 @@ def run_serve(args, console) -> int:
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
     server = uvicorn.Server(uvicorn.Config(build_app(config), host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=None))  # fmt: skip
+    received: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn drains, then re-raises the signal it caught with the handler it found: this one, so that a
+        # drained shutdown ends with exit 0 instead of death by signal.
+        signal.signal(sig, lambda signum, frame: received.append(signum))
     server.run()
+    if received:
+        console.print(f"omni-compile serve: stopped by {signal.Signals(received[0]).name} after finishing the "
+                      "requests in flight")  # fmt: skip
     if not server.started:
         console.print("omni-compile: error: the server did not start (the reason is logged above)")
         return 1

@@ -1,0 +1,292 @@
+"""End to end: the real `omni-compile serve` in a subprocess on a loopback port, against one flux-tiny
+artifact (64x64) built once per session. Two servers: A (preset pipeline in memory, --api-key, a large
+queue) and B (the same pipeline written to a directory and passed with --pipeline, a queue of 1)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.compile
+
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _cli(*args, env, timeout=600, **kw):
+    return subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, **kw)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory, subprocess_env) -> Path:
+    out = tmp_path_factory.mktemp("serve") / "flux-tiny"
+    proc = _cli("build", "flux-tiny", "--shapes", "64x64", "--out", str(out), "-q", env=subprocess_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port, path, body=None, headers=None, method=None, raw: bytes | None = None, timeout=120):
+    """(status, parsed JSON body or text) of one HTTP call to the server on 127.0.0.1:port."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+class Server:
+    def __init__(self, artifact, env, log: Path, *extra):
+        self.port = _free_port()
+        self.log_path = log
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "omni_compile.cli", "serve", str(artifact), "--host", "127.0.0.1",
+             "--port", str(self.port), *extra], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def wait_healthy(self, limit=180) -> None:
+        for _ in range(int(limit / 0.25)):
+            assert self.proc.poll() is None, self.text()
+            try:
+                status, _ = call(self.port, "/health", timeout=5)
+            except OSError:  # not listening yet
+                status = None
+            if status == 200:
+                return
+            time.sleep(0.25)
+        raise AssertionError("server never became healthy:\n" + self.text())
+
+    def text(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def metric(self, name: str, headers=None) -> float:
+        _, text = call(self.port, "/metrics", headers=headers)
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        assert m, f"{name} not in /metrics"
+        return float(m.group(1))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server_a(tiny_artifact, subprocess_env, tmp_path_factory):
+    s = Server(tiny_artifact, subprocess_env, tmp_path_factory.mktemp("logs") / "a.log", "--api-key", KEY,
+               "--max-queue", "64", "--default-steps", "2")  # fmt: skip
+    try:
+        s.wait_healthy()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def pipeline_dir(tmp_path_factory, subprocess_env) -> Path:
+    out = tmp_path_factory.mktemp("pipe") / "flux-tiny-pipeline"
+    proc = _cli("pipeline", "flux-tiny", "--out", str(out), env=subprocess_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "model_index.json").is_file() and (out / "transformer" / "config.json").is_file()
+    return out
+
+
+def _pixels(b64: str):
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.int16)
+
+
+def gen(port, headers=AUTH, **body):
+    return call(port, "/v1/images/generations", {"prompt": "a red cat", "size": "64x64", **body}, headers=headers)
+
+
+def test_same_seed_same_bytes(server_a):
+    s1, r1 = gen(server_a.port, seed=7, num_inference_steps=3)
+    s2, r2 = gen(server_a.port, seed=7, num_inference_steps=3)
+    s3, r3 = gen(server_a.port, seed=8, num_inference_steps=3)
+    s4, r4 = gen(server_a.port, seed=7, num_inference_steps=3, n=2)
+    assert (s1, s2, s3, s4) == (200, 200, 200, 200)
+    png = base64.b64decode(r1["data"][0]["b64_json"])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert r1["data"][0]["b64_json"] == r2["data"][0]["b64_json"]
+    assert r1["data"][0]["b64_json"] != r3["data"][0]["b64_json"]
+    # image i of a request is drawn with seed + i: n=2 from seed 7 gives the seed-7 and seed-8 images
+    assert [d["seed"] for d in r4["data"]] == [7, 8]
+    assert [d["b64_json"] for d in r4["data"]] == [r1["data"][0]["b64_json"], r3["data"][0]["b64_json"]]
+
+
+def test_models_health_auth(server_a):
+    assert call(server_a.port, "/health") == (200, {"status": "ok"})  # no key needed
+    status, body = call(server_a.port, "/v1/models", headers=AUTH)
+    assert status == 200 and body["data"][0]["sizes"] == ["64x64"] and body["data"][0]["compiled"] is True
+    for path in ("/v1/models", "/metrics"):
+        status, body = call(server_a.port, path)
+        assert status == 401 and body["error"]["type"] == "authentication_error"
+    status, body = gen(server_a.port, headers={"Authorization": "Bearer wrong"})
+    assert status == 401
+
+
+def test_concurrent_requests(server_a):
+    before = server_a.metric('omni_serve_requests_total{status="200"}', AUTH)
+    results = [None] * 32
+
+    def one(i):
+        results[i] = gen(server_a.port, seed=100 + i, num_inference_steps=1)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [r[0] for r in results] == [200] * 32
+    assert len({r[1]["data"][0]["b64_json"] for r in results}) == 32  # 32 seeds, 32 different images
+    assert server_a.metric('omni_serve_requests_total{status="200"}', AUTH) == before + 32
+    assert server_a.metric("omni_serve_queue_depth", AUTH) == 0
+    assert "Traceback" not in server_a.text() and "ERROR" not in server_a.text()
+
+
+BAD = [
+    ({"size": "128x128"}, 400, "size", "64x64"),
+    ({"size": "big"}, 400, "size", "WIDTHxHEIGHT"),
+    ({"n": 0}, 400, "n", "between 1 and 4"),
+    ({"n": 5}, 400, "n", "between 1 and 4"),
+    ({"num_inference_steps": 0}, 400, "num_inference_steps", "between 1 and 100"),
+    ({"num_inference_steps": 101}, 400, "num_inference_steps", "between 1 and 100"),
+    ({"prompt": "a red cat sitting on the big old house"}, 400, "prompt", "tokens"),
+    ({"prompt": "   "}, 400, "prompt", "empty"),
+    ({"response_format": "url"}, 400, "response_format", "b64_json"),
+    ({"model": "other"}, 400, "model", "not served"),
+    ({"guidance_scale": -1}, 400, "guidance_scale", "between 0 and 100"),
+    ({"prompt": 5}, 422, "prompt", "valid string"),
+    ({"n": "two"}, 422, "n", "valid integer"),
+    ({"seed": 1.5}, 422, "seed", "valid integer"),
+]
+
+
+def test_bad_input_then_serves(server_a):
+    before = server_a.metric('omni_serve_requests_total{status="400"}', AUTH)
+    for body, status, param, words in BAD:
+        got, err = gen(server_a.port, **body)
+        assert got == status, (body, err)
+        assert err["error"]["param"] == param and words in err["error"]["message"], (body, err)
+    assert server_a.metric('omni_serve_requests_total{status="400"}', AUTH) == before + 11
+    status, err = call(server_a.port, "/v1/images/generations", raw=b"{not json", headers=AUTH)
+    assert status == 422 and err["error"]["code"] == "invalid_json"
+    status, err = call(server_a.port, "/v1/images/generations", {"size": "64x64"}, headers=AUTH)
+    assert status == 422 and "prompt" in err["error"]["message"]
+    big = json.dumps({"prompt": "a" * (1 << 20)}).encode()
+    status, err = call(server_a.port, "/v1/images/generations", raw=big, headers=AUTH)
+    assert status == 413 and "larger than" in err["error"]["message"]
+    status, err = call(server_a.port, "/nowhere", headers=AUTH)
+    assert status == 404 and "error" in err
+    assert server_a.metric("omni_serve_queue_depth", AUTH) == 0
+    assert gen(server_a.port, seed=1, num_inference_steps=1)[0] == 200  # and it still serves
+
+
+def test_metrics(server_a):
+    _, text = call(server_a.port, "/metrics", headers=AUTH)
+    for name in ("omni_serve_requests_total", "omni_serve_request_seconds_bucket", "omni_serve_queue_depth",
+                 "omni_serve_step_seconds_count", 'omni_serve_transformer_steps_total{path="compiled"}',
+                 'omni_serve_transformer_steps_total{path="fallback"} 0', "omni_serve_ready 1"):  # fmt: skip
+        assert name in text
+    steps = server_a.metric('omni_serve_transformer_steps_total{path="compiled"}', AUTH)
+    assert gen(server_a.port, seed=2, num_inference_steps=3)[0] == 200
+    assert server_a.metric('omni_serve_transformer_steps_total{path="compiled"}', AUTH) == steps + 3
+
+
+def test_pipeline_dir_queue_full_and_sigterm(server_a, tiny_artifact, pipeline_dir, subprocess_env, tmp_path):
+    """Server B reads the pipeline directory; it draws the same images as A (same seeded weights), answers
+    429 when its queue of 1 is full, and on SIGTERM finishes the request in flight, then exits 0."""
+    b = Server(tiny_artifact, subprocess_env, tmp_path / "b.log", "--pipeline", str(pipeline_dir),
+               "--max-queue", "1")  # fmt: skip
+    try:
+        b.wait_healthy()
+        status, body = call(b.port, "/v1/models")
+        assert body["data"][0]["pipeline"] == str(pipeline_dir)
+        ra, rb = gen(server_a.port, seed=7, num_inference_steps=3), gen(b.port, headers=None, seed=7, num_inference_steps=3)
+        # same seeded weights read another way (from the directory): equal up to float rounding, not bytes
+        pa, pb = (_pixels(r[1]["data"][0]["b64_json"]) for r in (ra, rb))
+        assert pa.shape == pb.shape == (64, 64, 3) and np.abs(pa - pb).max() <= 2
+
+        results = [None] * 6
+
+        def one(i):
+            results[i] = gen(b.port, headers=None, seed=i, num_inference_steps=20)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        statuses = sorted(r[0] for r in results)
+        assert set(statuses) == {200, 429} and statuses.count(200) >= 2, statuses
+        full = next(r[1] for r in results if r[0] == 429)
+        assert full["error"]["type"] == "overloaded_error" and "queue is full" in full["error"]["message"]
+        assert b.metric("omni_serve_queue_depth") == 0
+        assert gen(b.port, headers=None, seed=1, num_inference_steps=1)[0] == 200
+
+        # SIGTERM while a request runs: it finishes with 200, then the process exits 0
+        steps = b.metric("omni_serve_step_seconds_count")
+        box = {}
+        t = threading.Thread(target=lambda: box.update(r=gen(b.port, headers=None, seed=3, num_inference_steps=60)))
+        t.start()
+        for _ in range(400):
+            if b.metric("omni_serve_step_seconds_count") > steps:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the request never started")
+        b.proc.send_signal(signal.SIGTERM)
+        t.join(300)
+        assert box["r"][0] == 200 and len(box["r"][1]["data"]) == 1
+        assert b.proc.wait(120) == 0
+        assert "Traceback" not in b.text()
+    finally:
+        b.stop()
+
+
+def test_corrupt_artifact_refused(tiny_artifact, subprocess_env, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_artifact, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    victim = bad / manifest["regions"][0]["buckets"]["64x64"][0]["file"]
+    victim.write_bytes(victim.read_bytes()[:-1] + bytes([victim.read_bytes()[-1] ^ 1]))
+    proc = _cli("serve", str(bad), "--port", str(_free_port()), env=subprocess_env, timeout=120)
+    assert proc.returncode == 2
+    assert "fails its checksum" in proc.stderr and "rebuild the artifact" in proc.stderr
+    os.remove(bad / "manifest.json")
+    proc = _cli("serve", str(bad), "--port", str(_free_port()), env=subprocess_env, timeout=120)
+    assert proc.returncode == 2 and "manifest.json" in proc.stderr
