@@ -31,19 +31,20 @@ ATTENTION_KERNEL_NAMES = ("_attention_kernel", "_sage_kernel", "_mean_kernel", "
 _GEMM = ("gemm", "matmul", "cutlass", "sm90_xmma", "nvjet", "cublas", "triton_tem_fused_mm", "triton_tem_fused_addmm",
          "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "extern_kernels.mm",
          "extern_kernels.addmm", "extern_kernels.bmm", "extern_kernels.baddbmm", "_mm_out", "_addmm_out", "_bmm_out")  # fmt: skip
-_ATTENTION = ("attention", "flash", "fmha", "cudnn", "sdpa", "attn") + ATTENTION_KERNEL_NAMES
+_ATTENTION = ("attention", "flash", "fmha", "sdpa", "attn") + ATTENTION_KERNEL_NAMES
 _COPY = ("memcpy", "memset", "aten::copy_", "aten::clone", "copy_kernel")
 
 
 def kernel_category(name: str) -> str:
-    """The category (a key of CATEGORIES) of a kernel or op called `name` (checked in the order copy, GEMM,
-    attention, fused ops, generated: the order bench/e2e.py has always used)."""
+    """The category (a key of CATEGORIES) of a kernel or op called `name`."""
     low = name.lower()
     if any(k in low for k in _COPY):
         return "copy"
+    if any(k in low for k in _ATTENTION):  # before GEMM: CUTLASS attention kernels are named fmha_cutlass*
+        return "attention"
     if any(k in low for k in _GEMM):
         return "gemm"
-    if any(k in low for k in _ATTENTION):
+    if "cudnn" in low:  # cuDNN's other kernels in a DiT step are its attention's
         return "attention"
     if any(k in low for k in FUSED_KERNEL_NAMES):
         return "fused_ops"

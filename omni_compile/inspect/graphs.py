@@ -82,7 +82,7 @@ _REDUCE = ("sum", "mean", "amax", "amin", "var_mean", "var", "max", "min", "argm
 
 def op_kind(op: str) -> str:
     ns, _, name = op.partition(".")
-    if ns == FUSED_NAMESPACE:
+    if ns == FUSED_NAMESPACE or name.startswith("triton_kernel_wrapper"):  # our ops, or their lowered Triton launch
         return "fused"
     if "attention" in name or "flash" in name or "attn" in name:
         return "attention"

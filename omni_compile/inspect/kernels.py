@@ -53,16 +53,17 @@ def parse_output_code(code: str) -> dict:
         calls = len(re.findall(rf"\b{re.escape(var)}(?:\.run)?\(", body))
         lang = "triton" if kind == "triton" else "cpp" if kind.startswith("cpp") else kind
         user = lang == "triton" and not name.startswith("triton_")
-        generated.append({"name": name, "language": lang, "user_kernel": user, "category": kernel_category(name),
-                          "calls": calls, "source": src})  # fmt: skip
+        generated.append({"name": var, "kernel": name, "language": lang, "user_kernel": user,
+                          "category": kernel_category(name), "calls": calls, "source": src})  # fmt: skip
+    declared = bool(generated)
     for name in _CPP_DEF.findall(code):  # AOTInductor C++
         if not any(k["name"] == name for k in generated):
-            generated.append({"name": name, "language": "cpp", "user_kernel": False, "category": "triton",
+            generated.append({"name": name, "kernel": name, "language": "cpp", "user_kernel": False, "category": "triton",
                               "calls": max(len(re.findall(rf"\b{name}\(", code)) - 1, 0), "source": ""})  # fmt: skip
-    for a, b in _TRITON_LAUNCH.findall(code):  # AOTInductor CUDA: launched by name
+    for a, b in [] if declared else _TRITON_LAUNCH.findall(code):  # AOTInductor CUDA: launched by name
         name = a or b
-        if name and not any(k["name"] == name or k["name"].startswith(name) for k in generated):
-            generated.append({"name": name, "language": "triton", "user_kernel": not name.startswith("triton_"),
+        if name and not any(k["name"] == name for k in generated):
+            generated.append({"name": name, "kernel": name, "language": "triton", "user_kernel": not name.startswith("triton_"),
                               "category": kernel_category(name), "calls": 1, "source": ""})  # fmt: skip
     extern: Counter = Counter()
     for name in _EXTERN.findall(body):

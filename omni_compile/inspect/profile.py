@@ -74,7 +74,7 @@ def profile_step(step, device: str) -> dict:
         per_kernel[e.name][1] += t
     regions: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for e in events:
-        if e.name.startswith(REGION_RANGE):
+        if e.name.startswith(REGION_RANGE) and e.device_type == torch.autograd.DeviceType.CPU:
             r = regions[e.name[len(REGION_RANGE):]]
             r[0] += 1
             r[1] += (e.device_time_total if cuda else e.cpu_time_total) / 1e3
@@ -93,7 +93,8 @@ def profile_step(step, device: str) -> dict:
 
 
 def _device_kernels(events) -> list:
-    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    # A record_function range also shows up on the device as a user annotation: not a kernel.
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(REGION_RANGE)]
 
 
 def _cpu_kernels(events) -> list:

@@ -1,0 +1,243 @@
+"""`omni-compile inspect`: graphs before/after every pass, match tables, kernels, Dynamo view, profile,
+JSON against its schema, and the HTML report in a real headless Chromium.
+
+Each model is compiled once per module (JIT, one small bucket); the artifact test builds one flux-tiny
+artifact and inspects it from its stored dumps through the CLI, as on a machine without the build's GPU.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_compile.inspect import InspectOptions, inspect
+
+SCHEMA = Path(__file__).parent.parent / "omni_compile" / "inspect" / "schema.json"
+FUSION = {"rms_norm": "omni_compile.rms_norm", "qk_norm_rope": "omni_compile.rms_norm_rope", "adaln": "omni_compile.adaln"}
+# Exact matches per region (docs/passes.md), with qk_norm_rope on: it consumes the q/k norms it fuses.
+EXPECTED = {
+    "FluxTransformerBlock": {"rms_norm": 4, "qk_norm_rope": 2, "adaln": 4},
+    "FluxSingleTransformerBlock": {"rms_norm": 2, "qk_norm_rope": 2, "adaln": 1},
+    "WanTransformerBlock": {"rms_norm": 4, "qk_norm_rope": 2, "adaln": 2},
+}
+
+
+def _no_caches():
+    from torch._inductor import config
+
+    return config.patch(fx_graph_cache=False)
+
+
+@pytest.fixture(scope="module")
+def flux(tmp_path_factory):
+    torch._dynamo.reset()
+    with _no_caches():
+        report = inspect(InspectOptions(target="flux-tiny", shapes="64x64", profile=True),
+                         tmp_path_factory.mktemp("flux"))  # fmt: skip
+    torch._dynamo.reset()
+    return report
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    torch._dynamo.reset()
+    with _no_caches():
+        report = inspect(InspectOptions(target="wan-tiny", shapes="64x64x5", dynamo=False), tmp_path_factory.mktemp("wan"))
+    torch._dynamo.reset()
+    return report
+
+
+def _validate(report):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(json.loads(json.dumps(report)), schema, cls=jsonschema.Draft202012Validator)
+
+
+def _check_passes(report, regions):
+    names = {r["name"] for r in report["regions"]}
+    assert names == set(regions)
+    for region in report["regions"]:
+        assert len(region["graphs"]) == 1  # one distinct region, one bucket: one compiled graph
+        g = region["graphs"][0]
+        passes = {p["name"]: p for p in g["passes"]}
+        assert [p["name"] for p in g["passes"]] == report["passes"]["enabled"]
+        assert {n: g["matches"][n] for n in FUSION} == EXPECTED[region["name"]]
+        first_before = g["passes"][0]["before"]
+        for name, op in FUSION.items():
+            p = passes[name]
+            assert p["matches"] == g["matches"][name]
+            assert op not in first_before  # the graph before the passes has none of our ops
+            assert p["added_ops"].get(op, 0) == p["matches"]  # each match is one fused node in the after graph
+            assert p["after"].count(f"torch.ops.{op}.default(") >= p["matches"] > 0
+            assert p["changed"] and p["diff"].startswith("---")
+            assert p["sites"] and all(s["line"] > 0 and s["code"] for s in p["sites"])
+        # The attention pass resolves each call; TORCH_SDPA (all the CPU has) keeps torch's node unchanged.
+        att = passes["attention"]
+        assert att["matches"] >= 1 and set(v["implementation"] for v in g["attention"].values()) == {"TORCH_SDPA"}
+        assert not att["changed"] and att["diff"] == ""
+        lower = passes["lower_fused_ops"]  # on the CPU every fused op is inlined as its native body
+        assert lower["matches"] == sum(v["count"] for v in g["fused_op_implementations"].values()) > 0
+        assert lower["changed"] and not any(op in lower["after"] for op in FUSION.values())
+        for p in g["passes"]:  # the diff is non-empty exactly for the passes that rewrote the graph
+            assert p["changed"] == (p["matches"] > 0 and p["name"] != "attention")
+        assert g["op_counts"]["before"] and g["op_kinds"]["before"]["gemm"] > 0
+        k = g["kernels"]
+        assert any(e["category"] == "gemm" for e in k["extern"]) and any(e["category"] == "attention" for e in k["extern"])
+        assert any(x["language"] == "cpp" and x["source"] for x in k["generated"])
+    summed = {}
+    for region in report["regions"]:
+        for g in region["graphs"]:
+            for name, n in g["matches"].items():
+                summed[name] = summed.get(name, 0) + n
+    assert summed == report["passes"]["matches"]
+
+
+@pytest.mark.compile
+def test_flux_passes_and_kernels(flux):
+    _check_passes(flux, ["FluxTransformerBlock", "FluxSingleTransformerBlock"])
+    _validate(flux)
+    assert flux["regions"][0]["instances"] == ["transformer_blocks.0", "transformer_blocks.1"]
+
+
+@pytest.mark.compile
+def test_wan_passes_and_kernels(wan):
+    _check_passes(wan, ["WanTransformerBlock"])
+    _validate(wan)
+    assert wan["dynamo"] is None and wan["profile"] is None
+
+
+@pytest.mark.compile
+def test_flux_dynamo_view(flux):
+    d = flux["dynamo"]
+    assert d["available"]
+    for item in d["regions"]:
+        assert item["compiles"] == 1 and item["recompile_reasons"] == []
+        assert item["explain"]["graph_count"] == 1 and item["explain"]["graph_break_count"] == 0
+        assert len(item["entry_points"]) == 1 and "def " in item["entry_points"][0]["decompiled"]
+
+
+@pytest.mark.compile
+def test_flux_profile(flux):
+    p = flux["profile"]["buckets"]["64x64"]
+    assert p["kernels"] == sum(v["count"] for v in p["by_category"].values())
+    for cat in ("gemm", "attention", "triton"):  # addmm, SDPA, Inductor's generated C++ kernels
+        assert p["by_category"][cat]["count"] > 0
+    # 2 double and 2 single blocks: one range per instance call
+    assert {r: v["calls"] for r, v in p["by_region"].items()} == {"FluxTransformerBlock": 2, "FluxSingleTransformerBlock": 2}
+    assert p["top_kernels"]
+
+
+def cli(*args, env, timeout=900):
+    return subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def artifact_inspection(tmp_path_factory, subprocess_env):
+    root = tmp_path_factory.mktemp("art")
+    art, out = root / "flux", root / "inspect"
+    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--out", str(art), "-q", env=subprocess_env)
+    assert proc.returncode == 0, proc.stderr
+    # Inspect from the stored dumps only: no compile, no device (what another machine does).
+    proc = cli("inspect", str(art), "--out", str(out), "--html", str(out / "report.html"), "--json",
+               str(out / "inspect.json"), env=dict(subprocess_env, CUDA_VISIBLE_DEVICES=""))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "FluxSingleTransformerBlock" in proc.stderr  # the terminal summary
+    return art, out, json.loads((out / "inspect.json").read_text())
+
+
+@pytest.mark.compile
+def test_artifact_matches_equal_build_report(artifact_inspection):
+    art, out, report = artifact_inspection
+    _validate(report)
+    assert report["target"]["kind"] == "artifact"
+    build = json.loads((art / "report" / "build_report.json").read_text())
+    per_file = {(f["region"], Path(f["file"]).stem): f["passes"] for f in build["files"]}
+    total = {}
+    for region in report["regions"]:
+        for g in region["graphs"]:
+            assert g["dumps"]
+            assert g["matches"] == per_file[(region["name"], g["key"])]
+            for p in g["passes"]:
+                assert p["matches"] == per_file[(region["name"], g["key"])][p["name"]]
+                assert p["changed"] == (p["matches"] > 0 and p["name"] != "attention")
+                if p["name"] in FUSION:
+                    assert p["added_ops"].get(FUSION[p["name"]], 0) == p["matches"]
+                d = out / "regions" / region["name"] / g["key"]
+                assert (d / f"{p['index']}.{p['name']}.diff").read_text() == p["diff"]
+                assert (d / f"{p['index']}.{p['name']}.before.py").is_file()
+            for name, n in g["matches"].items():
+                total[name] = total.get(name, 0) + n
+    assert total == build["fusion"]["matches"]
+    assert sum(total[n] for n in FUSION) > 0
+    kinds = {r["kind"] for r in report["regions"]}
+    assert kinds == {"block", "glue"}
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.compile
+def test_html_in_headless_chromium(artifact_inspection, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("OMNI_COMPILE_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("OMNI_COMPILE_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    _, out, report = artifact_inspection
+    html = (out / "report.html").read_text()
+    assert "http://" not in html and "https://" not in html and "<link" not in html  # no external assets
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--enable-logging=stderr", "--v=0", "--window-size=1400,1000"]  # fmt: skip
+    url = (out / "report.html").resolve().as_uri()
+    shot = tmp_path / "report.png"
+    proc = subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'p1'}", f"--screenshot={shot}", url],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "CONSOLE" not in proc.stderr and "Uncaught" not in proc.stderr, proc.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a rendered page, not a blank one
+    dom = subprocess.run([browser, *flags, f"--user-data-dir={tmp_path / 'p2'}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr, dom.stderr[-2000:]
+    assert '<body data-ready="1"' in dom.stdout  # the inline script ran to the end
+    assert '<div id="js-errors"></div>' in dom.stdout  # and reported no script error
+    assert 'id="regions-table"' in dom.stdout
+    for region in report["regions"]:
+        assert f">{region['name']}</a>" in dom.stdout
+
+
+def test_kernel_categories_and_output_code_parsing():
+    from omni_compile.inspect.categories import kernel_category
+    from omni_compile.inspect.kernels import parse_output_code
+
+    cases = {
+        "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN": "gemm", "aten::addmm": "gemm",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": "attention", "fmha_cutlassF_f32_aligned_64x64": "attention",
+        "_rms_norm_rope_kernel": "fused_ops", "_adaln_kernel": "fused_ops", "triton_poi_fused_add_0": "triton",
+        "graph_0_cpp_fused_add_1": "triton", "Memcpy DtoD (Device -> Device)": "copy", "aten::gelu": "other",
+    }  # fmt: skip
+    assert {n: kernel_category(n) for n in cases} == cases
+    code = (
+        "_adaln_kernel_0 = async_compile.triton('_adaln_kernel', '''\n@triton.jit\ndef _adaln_kernel(x): pass\n''')\n"
+        "triton_poi_fused_add_1 = async_compile.triton('triton_poi_fused_add_1', '''\ndef triton_poi(x): pass\n''')\n"
+        "def call(args):\n"
+        "    extern_kernels.mm(a, b, out=c)\n    extern_kernels.mm(a, b, out=d)\n"
+        "    _adaln_kernel_0.run(x, y)\n    triton_poi_fused_add_1.run(x)\n    triton_poi_fused_add_1.run(y)\n"
+        "    buf = torch.ops.aten._scaled_dot_product_cudnn_attention.default(q, k, v)\n"
+    )
+    parsed = parse_output_code(code)
+    gen = {k["name"]: (k["kernel"], k["user_kernel"], k["category"], k["calls"]) for k in parsed["generated"]}
+    assert gen == {"_adaln_kernel_0": ("_adaln_kernel", True, "fused_ops", 1),
+                   "triton_poi_fused_add_1": ("triton_poi_fused_add_1", False, "triton", 2)}  # fmt: skip
+    assert {e["name"]: (e["calls"], e["category"]) for e in parsed["extern"]} == {
+        "extern_kernels.mm": (2, "gemm"), "aten._scaled_dot_product_cudnn_attention": (1, "attention")}  # fmt: skip
