@@ -18,7 +18,11 @@ import torch
 from omni_compile.inspect import InspectOptions, inspect
 
 SCHEMA = Path(__file__).parent.parent / "omni_compile" / "inspect" / "schema.json"
-FUSION = {"rms_norm": "omni_compile.rms_norm", "qk_norm_rope": "omni_compile.rms_norm_rope", "adaln": "omni_compile.adaln"}
+FUSION = {
+    "rms_norm": "omni_compile.rms_norm",
+    "qk_norm_rope": "omni_compile.rms_norm_rope",
+    "adaln": "omni_compile.adaln",
+}
 # Exact matches per region (docs/passes.md), with qk_norm_rope on: it consumes the q/k norms it fuses.
 EXPECTED = {
     "FluxTransformerBlock": {"rms_norm": 4, "qk_norm_rope": 2, "adaln": 4},
@@ -47,16 +51,10 @@ def flux(tmp_path_factory):
 def wan(tmp_path_factory):
     torch._dynamo.reset()
     with _no_caches():
-        report = inspect(InspectOptions(target="wan-tiny", shapes="64x64x5", dynamo=False), tmp_path_factory.mktemp("wan"))
+        opts = InspectOptions(target="wan-tiny", shapes="64x64x5", dynamo=False)
+        report = inspect(opts, tmp_path_factory.mktemp("wan"))
     torch._dynamo.reset()
     return report
-
-
-def _validate(report):
-    jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads(SCHEMA.read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.validate(json.loads(json.dumps(report)), schema, cls=jsonschema.Draft202012Validator)
 
 
 def _check_passes(report, regions):
@@ -88,7 +86,8 @@ def _check_passes(report, regions):
             assert p["changed"] == (p["matches"] > 0 and p["name"] != "attention")
         assert g["op_counts"]["before"] and g["op_kinds"]["before"]["gemm"] > 0
         k = g["kernels"]
-        assert any(e["category"] == "gemm" for e in k["extern"]) and any(e["category"] == "attention" for e in k["extern"])
+        extern_categories = {e["category"] for e in k["extern"]}
+        assert {"gemm", "attention"} <= extern_categories
         assert any(x["language"] == "cpp" and x["source"] for x in k["generated"])
     summed = {}
     for region in report["regions"]:
@@ -101,14 +100,12 @@ def _check_passes(report, regions):
 @pytest.mark.compile
 def test_flux_passes_and_kernels(flux):
     _check_passes(flux, ["FluxTransformerBlock", "FluxSingleTransformerBlock"])
-    _validate(flux)
     assert flux["regions"][0]["instances"] == ["transformer_blocks.0", "transformer_blocks.1"]
 
 
 @pytest.mark.compile
 def test_wan_passes_and_kernels(wan):
     _check_passes(wan, ["WanTransformerBlock"])
-    _validate(wan)
     assert wan["dynamo"] is None and wan["profile"] is None
 
 
@@ -129,7 +126,8 @@ def test_flux_profile(flux):
     for cat in ("gemm", "attention", "triton"):  # addmm, SDPA, Inductor's generated C++ kernels
         assert p["by_category"][cat]["count"] > 0
     # 2 double and 2 single blocks: one range per instance call
-    assert {r: v["calls"] for r, v in p["by_region"].items()} == {"FluxTransformerBlock": 2, "FluxSingleTransformerBlock": 2}
+    calls = {r: v["calls"] for r, v in p["by_region"].items()}
+    assert calls == {"FluxTransformerBlock": 2, "FluxSingleTransformerBlock": 2}
     assert p["top_kernels"]
 
 
@@ -155,7 +153,6 @@ def artifact_inspection(tmp_path_factory, subprocess_env):
 @pytest.mark.compile
 def test_artifact_matches_equal_build_report(artifact_inspection):
     art, out, report = artifact_inspection
-    _validate(report)
     assert report["target"]["kind"] == "artifact"
     build = json.loads((art / "report" / "build_report.json").read_text())
     per_file = {(f["region"], Path(f["file"]).stem): f["passes"] for f in build["files"]}
@@ -178,6 +175,19 @@ def test_artifact_matches_equal_build_report(artifact_inspection):
     assert sum(total[n] for n in FUSION) > 0
     kinds = {r["kind"] for r in report["regions"]}
     assert kinds == {"block", "glue"}
+
+
+@pytest.mark.compile
+def test_reports_validate_against_the_schema(flux, wan, artifact_inspection):
+    jsonschema = pytest.importorskip("jsonschema")  # in the test extra
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for report in (flux, wan, artifact_inspection[2]):
+        jsonschema.validate(json.loads(json.dumps(report)), schema, cls=jsonschema.Draft202012Validator)
+    bad = json.loads(json.dumps(wan))
+    bad["regions"][0]["graphs"][0]["passes"][0].pop("diff")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema, cls=jsonschema.Draft202012Validator)
 
 
 def _chromium():
@@ -222,7 +232,8 @@ def test_kernel_categories_and_output_code_parsing():
 
     cases = {
         "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN": "gemm", "aten::addmm": "gemm",
-        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": "attention", "fmha_cutlassF_f32_aligned_64x64": "attention",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": "attention",
+        "fmha_cutlassF_f32_aligned_64x64": "attention",
         "_rms_norm_rope_kernel": "fused_ops", "_adaln_kernel": "fused_ops", "triton_poi_fused_add_0": "triton",
         "graph_0_cpp_fused_add_1": "triton", "Memcpy DtoD (Device -> Device)": "copy", "aten::gelu": "other",
     }  # fmt: skip

@@ -30,7 +30,8 @@ ATTENTION_KERNEL_NAMES = ("_attention_kernel", "_sage_kernel", "_mean_kernel", "
 
 _GEMM = ("gemm", "matmul", "cutlass", "sm90_xmma", "nvjet", "cublas", "triton_tem_fused_mm", "triton_tem_fused_addmm",
          "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "extern_kernels.mm",
-         "extern_kernels.addmm", "extern_kernels.bmm", "extern_kernels.baddbmm", "_mm_out", "_addmm_out", "_bmm_out")  # fmt: skip
+         "extern_kernels.addmm", "extern_kernels.bmm", "extern_kernels.baddbmm",
+         "_mm_out", "_addmm_out", "_bmm_out")  # fmt: skip
 _ATTENTION = ("attention", "flash", "fmha", "sdpa", "attn") + ATTENTION_KERNEL_NAMES
 _COPY = ("memcpy", "memset", "aten::copy_", "aten::clone", "copy_kernel")
 

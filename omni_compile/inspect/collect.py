@@ -134,16 +134,27 @@ class _Lines(logging.Handler):
 
 
 @contextlib.contextmanager
-def _capture_log(name: str):
+def _capture_log(name: str, artifact: str | None = None):
+    """The messages of logger `name` inside the block (not propagated to torch's own handlers). Dynamo
+    emits an `artifact` (e.g. "recompiles") only when it is enabled in torch's log state: enabled here."""
     logger, handler = logging.getLogger(name), _Lines()
-    level = logger.level
+    level, propagate = logger.level, logger.propagate
+    state = getattr(getattr(torch._logging, "_internal", None), "log_state", None)
+    names = getattr(state, "artifact_names", None)
+    added = artifact is not None and isinstance(names, set) and artifact not in names
+    if added:
+        names.add(artifact)
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
+    logger.propagate = False
     try:
         yield handler.lines
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
+        if added:
+            names.discard(artifact)
 
 
 def _no_caches(profile_cpu: bool):
@@ -175,7 +186,7 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
     graph_buckets: dict[int, str] = {}
     t0 = time.perf_counter()
     cpu_profile = opts.profile and torch.device(device).type == "cpu"
-    with _no_caches(cpu_profile), capture_output_code(), _capture_log(RECOMPILES_LOGGER) as recompiles:
+    with _no_caches(cpu_profile), capture_output_code(), _capture_log(RECOMPILES_LOGGER, "recompiles") as recompiles:
         compile(model, config, regions=spec.adapter.block_names(model) or None, adapter=spec.adapter)
         state = compile_state(model)
         examples = _ExampleCalls(state.regions)
@@ -202,10 +213,12 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
         for i, rec in enumerate(state.records):
             if rec.region != region.name:
                 continue
-            graphs.append(_graph_entry(root / region.name / rec.graph_hash[:12], rec.graph_hash[:12], rec.graph_hash,
-                                       [graph_buckets.get(i, "?")], rec.passes, rec.resolutions, rec.attention))  # fmt: skip
-        regions.append({"name": region.name, "kind": "block", "class": f"{region.cls.__module__}.{region.cls.__qualname__}",
-                        "instances": region.paths, "graphs": graphs})  # fmt: skip
+            key = rec.graph_hash[:12]
+            graphs.append(_graph_entry(root / region.name / key, key, rec.graph_hash, [graph_buckets.get(i, "?")],
+                                       rec.passes, rec.resolutions, rec.attention))  # fmt: skip
+        cls = f"{region.cls.__module__}.{region.cls.__qualname__}"
+        regions.append({"name": region.name, "kind": "block", "class": cls, "instances": region.paths,
+                        "graphs": graphs})  # fmt: skip
     dynamo = None
     if opts.dynamo:
         from omni_compile.inspect.dynamo import dynamo_view

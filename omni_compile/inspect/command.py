@@ -16,18 +16,21 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the preset's)")
     p.add_argument("--device", help="cuda, cpu or xpu (default: the preset's, else cuda when available)")
     p.add_argument("--passes", action="append", default=[], help="pass switches, as for build")
-    p.add_argument("--kernels", action="append", default=[], metavar="OP=IMPL", help="fused-op implementations, as for build")
+    p.add_argument("--kernels", action="append", default=[], metavar="OP=IMPL",
+                   help="fused-op implementations, as for build")
     p.add_argument("--attention-backend", metavar="NAME", help="default attention backend, as for build")
     p.add_argument("--config", help="CompileConfig as JSON (inline or a file)")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights and example inputs")
     p.add_argument("--text-len", type=int, help="text tokens per prompt in the example inputs")
     p.add_argument("--model-config", help="model config overrides as JSON (presets, module:Class)")
     p.add_argument("--example-inputs", metavar="MODULE:FN", help="example inputs for models without an adapter")
-    p.add_argument("--profile", action="store_true", help="profile one step per bucket: time per region and kernel category")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one step per bucket: time per region and per kernel category")
     p.add_argument("--no-dynamo", action="store_true", help="skip the Dynamo view (explain, depyf)")
     p.add_argument("--out", metavar="DIR", help="write every dump as files (graphs, diffs, kernels, inspect.json)")
     p.add_argument("--html", metavar="FILE", help="write one self-contained HTML report")
-    p.add_argument("--json", metavar="FILE", help="write the report as JSON (schema omni-compile/inspect/1); - for stdout")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the report as JSON (schema omni-compile/inspect/1); - for stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress and no terminal summary")
 
 

@@ -57,6 +57,12 @@ def _explain(region, call) -> dict:
     }
 
 
+def _where(fn) -> str:
+    """'FILE:LINE' of `fn`'s code, as Dynamo's recompile messages name the function they recompile."""
+    code = fn.__code__
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
 def dynamo_view(state, calls: dict, recompile_lines: list[str]) -> dict:
     regions = []
     for region in state.regions:
@@ -64,8 +70,7 @@ def dynamo_view(state, calls: dict, recompile_lines: list[str]) -> dict:
         regions.append({
             "region": region.name,
             "compiles": len(compiles),
-            "recompile_reasons": [line for line in recompile_lines if region.cls.forward.__name__ in line
-                                  or region.cls.__name__ in line] or [],
+            "recompile_reasons": [line for line in recompile_lines if _where(region.cls.forward) in line],
             "entry_points": entry_points(region.cls.forward),
         })  # fmt: skip
     for item, region in zip(regions, state.regions):

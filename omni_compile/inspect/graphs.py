@@ -76,7 +76,8 @@ def op_kinds(counts: dict[str, int]) -> dict[str, int]:
 
 _GEMM = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "convolution")
 _VIEW = ("view", "reshape", "permute", "expand", "unsqueeze", "squeeze", "slice", "select", "split", "unbind",
-         "unflatten", "t", "transpose", "alias", "as_strided", "clone", "cat", "slice_scatter", "select_scatter")  # fmt: skip
+         "unflatten", "t", "transpose", "alias", "as_strided", "clone", "cat",
+         "slice_scatter", "select_scatter")  # fmt: skip
 _REDUCE = ("sum", "mean", "amax", "amin", "var_mean", "var", "max", "min", "argmax", "softmax", "_softmax")
 
 

@@ -16,7 +16,8 @@ _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;display:flex;color:#1b1f24}
 nav{width:260px;min-width:260px;height:100vh;overflow:auto;position:sticky;top:0;background:#f3f4f6;padding:12px;
 box-sizing:border-box;font-size:13px}
-nav a{display:block;color:#0b5394;text-decoration:none;padding:1px 0}nav .l2{padding-left:12px}nav .l3{padding-left:24px}
+nav a{display:block;color:#0b5394;text-decoration:none;padding:1px 0}
+nav .l2{padding-left:12px}nav .l3{padding-left:24px}
 main{flex:1;padding:16px 24px;min-width:0}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left;
 vertical-align:top}th{background:#eef1f4}td.n{text-align:right}
@@ -64,7 +65,7 @@ def _diff(text: str) -> str:
         return "<p class=muted>no change</p>"
     out = []
     for line in text.splitlines():
-        cls = "hunk" if line.startswith("@@") else "add" if line.startswith("+") else "del" if line.startswith("-") else ""
+        cls = {"@": "hunk", "+": "add", "-": "del"}.get(line[:1], "")
         out.append(f'<span class="{cls}">{escape(line)}</span>' if cls else escape(line))
     return "<pre>" + "\n".join(out) + "</pre>"
 
@@ -77,10 +78,12 @@ def _graph_section(region: dict, g: dict) -> tuple[str, list[str]]:
     gid = _anchor(region["name"], g["key"])
     nav = [f'<a class=l2 href="#{gid}">{escape(g["key"])}</a>']
     parts = [f'<h3 id="{gid}">{escape(region["name"])} / {escape(g["key"])}</h3>',
-             f"<p>graph hash <code>{escape(g['graph_hash'])}</code>; buckets {escape(', '.join(g['buckets']))}</p>"]  # fmt: skip
+             f"<p>graph hash <code>{escape(g['graph_hash'])}</code>; "
+             f"buckets {escape(', '.join(g['buckets']))}</p>"]  # fmt: skip
     kinds = sorted(set(g["op_kinds"]["before"]) | set(g["op_kinds"]["after"]))
     parts.append(_table(["op kind", "before passes", "after passes"],
-                        [[escape(k), g["op_kinds"]["before"].get(k, 0), g["op_kinds"]["after"].get(k, 0)] for k in kinds],
+                        [[escape(k), g["op_kinds"]["before"].get(k, 0), g["op_kinds"]["after"].get(k, 0)]
+                         for k in kinds],
                         numeric=(1, 2)))  # fmt: skip
     rows = []
     for p in g["passes"]:
@@ -104,13 +107,16 @@ def _graph_section(region: dict, g: dict) -> tuple[str, list[str]]:
     nav.append(f'<a class=l3 href="#{kid}">kernels</a>')
     k = g["kernels"]
     parts.append(f'<h4 id="{kid}">Kernels</h4>')
-    parts.append("<p>calls by category: " + escape(", ".join(f"{c} {n}" for c, n in k["calls_by_category"].items())) + "</p>")
+    by_cat = ", ".join(f"{c} {n}" for c, n in k["calls_by_category"].items())
+    parts.append(f"<p>calls by category: {escape(by_cat)}</p>")
     parts.append(_table(["extern call", "calls", "category"],
-                        [[escape(e["name"]), e["calls"], e["category"]] for e in k["extern"]], numeric=(1,)))  # fmt: skip
+                        [[escape(e["name"]), e["calls"], e["category"]] for e in k["extern"]],
+                        numeric=(1,)))  # fmt: skip
     for kern in k["generated"]:
         tag = " (user kernel)" if kern["user_kernel"] else ""
         parts.append(f"<details><summary>{escape(kern['name'])} [{kern['language']}{tag}, {kern['category']}, "
-                     f"{kern['calls']} call(s)]</summary>{_pre(kern['source'] or '(source not stored)')}</details>")  # fmt: skip
+                     f"{kern['calls']} call(s)]</summary>"
+                     f"{_pre(kern['source'] or '(source not stored)')}</details>")  # fmt: skip
     res = [[escape(op), escape(v["implementation"]), v["count"], escape(v["reason"])]
            for op, v in {**g["fused_op_implementations"], **g["attention"]}.items()]  # fmt: skip
     if res:
@@ -124,7 +130,8 @@ def render(report: dict) -> str:
     nav = ['<b>omni-compile inspect</b>', '<a href="#regions">Regions</a>']
     body = [f"<h1>{escape(report['model']['source'])}</h1>",
             f"<p>{escape(report['target']['kind'])}; {escape(report['dtype'])} on {escape(report['device'])} "
-            f"({escape(str(report['platform'].get('device_name', '')))}); buckets {escape(', '.join(report['buckets']))}; "
+            f"({escape(str(report['platform'].get('device_name', '')))}); "
+            f"buckets {escape(', '.join(report['buckets']))}; "
             f"passes {escape(', '.join(report['passes']['enabled']))}</p>",
             '<div id="js-errors"></div>',
             '<p><input id="region-filter" placeholder="filter regions"> <button id="expand-all">expand all</button> '
@@ -136,7 +143,8 @@ def render(report: dict) -> str:
         rows.append([link, r["kind"], r["instances"], f"<code>{r['graph_hash']}</code>", escape(r["buckets"]),
                      r["ops_before"], r["ops_after"], escape(r["matches"]), r["kernels"]])  # fmt: skip
     body.append(_table(["region", "kind", "instances", "graph hash", "buckets", "ops before", "ops after",
-                        "pass matches", "kernel calls"], rows, table_id="regions-table", numeric=(2, 5, 6, 8)))  # fmt: skip
+                        "pass matches", "kernel calls"], rows, table_id="regions-table",
+                       numeric=(2, 5, 6, 8)))  # fmt: skip
     attn = [[escape(role), escape(v["implementation"]), v["count"], escape(v["reason"])]
             for role, v in (report.get("attention") or {}).items()]  # fmt: skip
     if attn:
@@ -167,7 +175,8 @@ def _dynamo(d: dict | None) -> str:
     for item in d["regions"]:
         ex = item.get("explain") or {}
         breaks = "<br>".join(escape(f"{b['reason']} at {b['where']}") for b in ex.get("break_reasons", [])) or "none"
-        rows.append([escape(item["region"]), item["compiles"], ex.get("graph_count", "-"), ex.get("graph_break_count", "-"),
+        rows.append([escape(item["region"]), item["compiles"], ex.get("graph_count", "-"),
+                     ex.get("graph_break_count", "-"),
                      breaks, "<br>".join(escape(x) for x in item["recompile_reasons"]) or "none"])  # fmt: skip
     parts.append(_table(["region", "compiles", "graphs", "graph breaks", "break reasons", "recompile reasons"], rows,
                         numeric=(1, 2, 3)))  # fmt: skip
@@ -183,12 +192,13 @@ def _profile(p: dict | None) -> str:
         return '<h2 id="profile">Profile</h2><p class=muted>not collected (run with --profile)</p>'
     parts = ['<h2 id="profile">Profile</h2>']
     parts.append(_table(["bucket", "category", "kernels", "ms", "share"],
-                        [[escape(b), escape(c), n, f"{ms:.3f}", f"{100 * s:.1f}%"] for b, c, n, ms, s in profile_rows(p)],
+                        [[escape(b), escape(c), n, f"{ms:.3f}", f"{100 * s:.1f}%"]
+                         for b, c, n, ms, s in profile_rows(p)],
                         table_id="profile-table", numeric=(2, 3, 4)))  # fmt: skip
     for bucket, b in p["buckets"].items():
         parts.append(f"<h3>{escape(bucket)}: per region, top kernels</h3>")
-        parts.append(_table(["region", "calls", "ms"], [[escape(r), v["calls"], f"{v['ms']:.3f}"]
-                                                       for r, v in b["by_region"].items()], numeric=(1, 2)))  # fmt: skip
+        regions = [[escape(r), v["calls"], f"{v['ms']:.3f}"] for r, v in b["by_region"].items()]
+        parts.append(_table(["region", "calls", "ms"], regions, numeric=(1, 2)))
         parts.append(_table(["kernel", "category", "count", "ms"], [[escape(k["name"][:120]), k["category"], k["count"],
                      f"{k['ms']:.3f}"] for k in b["top_kernels"]], numeric=(2, 3)))  # fmt: skip
     return "\n".join(parts)

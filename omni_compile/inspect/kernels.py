@@ -58,12 +58,14 @@ def parse_output_code(code: str) -> dict:
     declared = bool(generated)
     for name in _CPP_DEF.findall(code):  # AOTInductor C++
         if not any(k["name"] == name for k in generated):
-            generated.append({"name": name, "kernel": name, "language": "cpp", "user_kernel": False, "category": "triton",
+            generated.append({"name": name, "kernel": name, "language": "cpp", "user_kernel": False,
+                              "category": "triton",
                               "calls": max(len(re.findall(rf"\b{name}\(", code)) - 1, 0), "source": ""})  # fmt: skip
     for a, b in [] if declared else _TRITON_LAUNCH.findall(code):  # AOTInductor CUDA: launched by name
         name = a or b
         if name and not any(k["name"] == name for k in generated):
-            generated.append({"name": name, "kernel": name, "language": "triton", "user_kernel": not name.startswith("triton_"),
+            generated.append({"name": name, "kernel": name, "language": "triton",
+                              "user_kernel": not name.startswith("triton_"),
                               "category": kernel_category(name), "calls": 1, "source": ""})  # fmt: skip
     extern: Counter = Counter()
     for name in _EXTERN.findall(body):

@@ -94,7 +94,8 @@ def profile_step(step, device: str) -> dict:
 
 def _device_kernels(events) -> list:
     # A record_function range also shows up on the device as a user annotation: not a kernel.
-    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(REGION_RANGE)]
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in events if e.device_type == cuda and not e.name.startswith(REGION_RANGE)]
 
 
 def _cpu_kernels(events) -> list:

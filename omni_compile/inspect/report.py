@@ -31,7 +31,8 @@ def region_rows(report: dict) -> list[dict]:
             rows.append({
                 "region": r["name"], "kind": r["kind"], "instances": len(r["instances"]), "key": g["key"],
                 "graph_hash": g["graph_hash"][:12], "buckets": ", ".join(g["buckets"]),
-                "ops_before": sum(g["op_counts"]["before"].values()), "ops_after": sum(g["op_counts"]["after"].values()),
+                "ops_before": sum(g["op_counts"]["before"].values()),
+                "ops_after": sum(g["op_counts"]["after"].values()),
                 "matches": ", ".join(f"{k}={v}" for k, v in (g["matches"] or {}).items() if v) or "-",
                 "kernels": sum(g["kernels"]["calls_by_category"].values()),
             })  # fmt: skip
@@ -72,7 +73,8 @@ def print_summary(console, report: dict) -> None:
               f"{report['target']['kind']}")  # fmt: skip
     cols = ("region", "instances", "graph", "buckets", "ops before", "ops after", "pass matches", "kernel calls")
     for col in cols:
-        t.add_column(col, justify="right" if col in ("instances", "ops before", "ops after", "kernel calls") else "left")
+        numeric = col in ("instances", "ops before", "ops after", "kernel calls")
+        t.add_column(col, justify="right" if numeric else "left")
     for row in region_rows(report):
         t.add_row(row["region"], str(row["instances"]), row["graph_hash"], row["buckets"], str(row["ops_before"]),
                   str(row["ops_after"]), row["matches"], str(row["kernels"]))  # fmt: skip
