@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from omni_compile.errors import OmniCompileError
 from omni_compile.server.config import ServeConfig
 from omni_compile.server.engine import Engine, Job, split_batch
 from omni_compile.server.metrics import Metrics
@@ -41,7 +42,11 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         else:
             load = loader
         t0 = time.perf_counter()
-        pipe = await asyncio.to_thread(load, config)
+        try:
+            pipe = await asyncio.to_thread(load, config)
+        except OmniCompileError as e:  # `omni-compile serve` reports it on one line after uvicorn stops
+            app.state.startup_error = e
+            raise
         app.state.load_seconds = round(time.perf_counter() - t0, 3)
         logger.info("pipeline loaded in %.2f s (%s): %s", app.state.load_seconds, pipe.source, pipe.seconds)
         engine = Engine(pipe, metrics, max_queue=config.max_queue, max_batch=config.max_batch,
@@ -55,6 +60,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
 
     app = FastAPI(title="omni-compile", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config, app.state.metrics, app.state.model_name = config, metrics, model_name
+    app.state.startup_error = None
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
     _install_error_handlers(app)  # after: its counting middleware sees the 413s too
     auth = Depends(_require_key(config.api_key))

@@ -165,6 +165,8 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
     artifact_info = getattr(transformer, "_omni_artifact", None)
     if artifact_info is not None:
         seconds.update({f"artifact_{k}": v for k, v in artifact_info.seconds.items()})
-    return LoadedPipeline(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=int(build["text_len"]),
+    # the text length the transformer was compiled for (a build from a directory records none: the family's default)
+    text_len = int(build.get("text_len") or omni_compile.models.ADAPTERS["flux"].default_text_len)
+    return LoadedPipeline(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=text_len,
                           buckets=buckets, compiled=artifact_info is not None, source=source,
                           seconds=seconds)  # fmt: skip

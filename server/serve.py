@@ -82,14 +82,20 @@ def run_serve(args, console) -> int:
     pipeline_dir(config, manifest)  # a missing pipeline directory is reported before anything loads
     console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
-    server = uvicorn.Server(uvicorn.Config(build_app(config), host=args.host, port=args.port,
+    app = build_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=None))  # fmt: skip
     received: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         # uvicorn drains, then re-raises the signal it caught with the handler it found: this one, so that a
         # drained shutdown ends with exit 0 instead of death by signal.
         signal.signal(sig, lambda signum, frame: received.append(signum))
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit after a failed start-up
+        pass
+    if app.state.startup_error is not None:
+        raise app.state.startup_error  # one line and exit 2, like a failed check
     if received:
         console.print(f"omni-compile serve: stopped by {signal.Signals(received[0]).name} after finishing the "
                       "requests in flight")  # fmt: skip
