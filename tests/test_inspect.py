@@ -252,3 +252,39 @@ def test_kernel_categories_and_output_code_parsing():
                    "triton_poi_fused_add_1": ("triton_poi_fused_add_1", False, "triton", 2)}  # fmt: skip
     assert {e["name"]: (e["calls"], e["category"]) for e in parsed["extern"]} == {
         "extern_kernels.mm": (2, "gemm"), "aten._scaled_dot_product_cudnn_attention": (1, "attention")}  # fmt: skip
+
+
+def test_cuda_artifact_built_on_an_h200_read_here(tmp_path):
+    """A flux-tiny CUDA artifact built on the H200 (run 10: manifest, build report and report/inspect/ of its
+    two block regions; compiled files and glue left out) is inspected here, with no GPU and no compile."""
+    import tarfile
+
+    from omni_compile.inspect import inspect_artifact
+
+    with tarfile.open(Path(__file__).parent / "data" / "inspect-flux-tiny-h200.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    art = tmp_path / "flux-tiny-h200"
+    report = inspect_artifact(art)
+    assert report["device"] == "cuda" and report["platform"]["device_name"] == "NVIDIA H200"
+    build = json.loads((art / "report" / "build_report.json").read_text())
+    per_file = {(f["region"], Path(f["file"]).stem): f["passes"] for f in build["files"]}
+    for region in report["regions"]:
+        (g,) = region["graphs"]
+        assert g["matches"] == per_file[(region["name"], g["key"])] == EXPECTED[region["name"]] | g["matches"]
+        passes = {p["name"]: p for p in g["passes"]}
+        for name, op in FUSION.items():
+            assert op not in g["passes"][0]["before"]
+            assert passes[name]["added_ops"].get(op, 0) == passes[name]["matches"] > 0
+        # On CUDA each fused op is lowered to an embedded launch of our Triton kernel ...
+        added = passes["lower_fused_ops"]["added_ops"]
+        assert added["higher_order.triton_kernel_wrapper_functional"] == g["matches"]["lower_fused_ops"]
+        # ... which Inductor's output code declares with its source and launches once per fused op.
+        user = [k for k in g["kernels"]["generated"] if k["user_kernel"]]
+        assert all("@triton.jit" in k["source"] and k["category"] == "fused_ops" for k in user)
+        launches = {}
+        for k in user:
+            launches[k["kernel"]] = launches.get(k["kernel"], 0) + k["calls"]
+        assert launches == {"_adaln_kernel": g["matches"]["adaln"], "_rms_norm_rope_kernel": g["matches"]["qk_norm_rope"]}
+        assert g["kernels"]["calls_by_category"]["gemm"] > 0 and g["kernels"]["calls_by_category"]["triton"] > 0
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)

@@ -43,6 +43,9 @@ def _kernel_name(code: str, var: str, kind: str, pos: int) -> str:
 
 def parse_output_code(code: str) -> dict:
     """Generated kernels (name, language, category, source, calls) and extern calls of one output code."""
+    if code.startswith('r"""'):  # CUDA: a leading docstring replays the kernels for compile-time autotuning
+        end = code.find('"""', 4)
+        code = code[end + 3 :] if end > 0 else code
     body_start = code.find("def call(")
     body = code[body_start:] if body_start >= 0 else code
     generated = []
