@@ -61,8 +61,9 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
     app = FastAPI(title="omni-compile", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.config, app.state.metrics, app.state.model_name = config, metrics, model_name
     app.state.startup_error = None
+    _install_error_handlers(app)
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
-    _install_error_handlers(app)  # after: its counting middleware sees the 413s too
+    app.add_middleware(_Count, metrics=metrics)  # outermost: it counts the 413s too
     auth = Depends(_require_key(config.api_key))
 
     @app.get("/health")
@@ -119,10 +120,12 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                 break
             if await request.is_disconnected():
                 job.gone = "disconnected"
+                _abandon(future)
                 engine.forget(job)
                 raise RequestError(499, "the client disconnected")
             if time.monotonic() > job.deadline:
                 job.gone = "deadline"
+                _abandon(future)
                 engine.forget(job)
                 raise RequestError(504, f"the request did not finish within {config.timeout_s:g} s; retry, "
                                    "or ask for fewer steps or images", type="timeout_error")  # fmt: skip
@@ -132,6 +135,11 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         ])  # fmt: skip
 
     return app
+
+
+def _abandon(future: asyncio.Future) -> None:
+    """Nobody will read `future`: retrieve its outcome when it comes, so asyncio does not log it as lost."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _hw(size: str) -> tuple[int, int]:
@@ -163,7 +171,7 @@ def _error(status: int, message: str, type: str, param=None, code=None, headers=
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every error body is made here; /v1/images/generations answers are counted and timed here too."""
+    """Every error body is made here."""
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError):
@@ -198,18 +206,31 @@ def _install_error_handlers(app: FastAPI) -> None:
         logger.exception("unhandled error on %s", request.url.path)
         return _error(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        if request.url.path != GENERATIONS:
-            return await call_next(request)
+
+class _Count:
+    """ASGI middleware: counts and times every answer of POST /v1/images/generations by status (a plain
+    ASGI wrapper, not `BaseHTTPMiddleware`, so that the route still sees a client's disconnect)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != GENERATIONS:
+            return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = 500
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
+            await self.app(scope, receive, send_status)
         finally:
-            app.state.metrics.request_done(status, time.perf_counter() - t0)
+            self.metrics.request_done(status, time.perf_counter() - t0)
 
 
 class _BodyLimit:

@@ -72,7 +72,7 @@ class LoadedPipeline:
                 on_step(i)
             return {}
 
-        with torch.inference_mode():
+        with torch.no_grad():  # as the CUDA-graph runtime is tested (not inference mode)
             out = self.pipe(prompt=prompts, height=height, width=width, num_inference_steps=steps,
                             guidance_scale=guidance, max_sequence_length=self.text_len, generator=gens,
                             output_type="pil", callback_on_step_end=callback)  # fmt: skip

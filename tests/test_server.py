@@ -106,7 +106,7 @@ class Server:
 @pytest.fixture(scope="module")
 def server_a(tiny_artifact, subprocess_env, tmp_path_factory):
     s = Server(tiny_artifact, subprocess_env, tmp_path_factory.mktemp("logs") / "a.log", "--api-key", KEY,
-               "--max-queue", "64", "--default-steps", "2")  # fmt: skip
+               "--max-queue", "64", "--default-steps", "2", "--max-steps", "5000")  # fmt: skip
     try:
         s.wait_healthy()
         yield s
@@ -183,8 +183,8 @@ BAD = [
     ({"size": "big"}, 400, "size", "WIDTHxHEIGHT"),
     ({"n": 0}, 400, "n", "between 1 and 4"),
     ({"n": 5}, 400, "n", "between 1 and 4"),
-    ({"num_inference_steps": 0}, 400, "num_inference_steps", "between 1 and 100"),
-    ({"num_inference_steps": 101}, 400, "num_inference_steps", "between 1 and 100"),
+    ({"num_inference_steps": 0}, 400, "num_inference_steps", "between 1 and 5000"),
+    ({"num_inference_steps": 5001}, 400, "num_inference_steps", "between 1 and 5000"),
     ({"prompt": "a red cat sitting on the big old house"}, 400, "prompt", "tokens"),
     ({"prompt": "   "}, 400, "prompt", "empty"),
     ({"response_format": "url"}, 400, "response_format", "b64_json"),
@@ -225,6 +225,30 @@ def test_metrics(server_a):
     steps = server_a.metric('omni_serve_transformer_steps_total{path="compiled"}', AUTH)
     assert gen(server_a.port, seed=2, num_inference_steps=3)[0] == 200
     assert server_a.metric('omni_serve_transformer_steps_total{path="compiled"}', AUTH) == steps + 3
+
+
+def test_disconnected_client_dropped(server_a):
+    """A client that goes away mid-request: its work stops at a step boundary, and the server goes on."""
+    steps = server_a.metric("omni_serve_step_seconds_count", AUTH)
+    body = json.dumps({"prompt": "a red cat", "size": "64x64", "num_inference_steps": 5000}).encode()
+    sock = socket.create_connection(("127.0.0.1", server_a.port))
+    sock.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    for _ in range(600):
+        if server_a.metric("omni_serve_step_seconds_count", AUTH) > steps:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the request never started")
+    sock.close()
+    for _ in range(600):
+        if server_a.metric('omni_serve_dropped_total{reason="disconnected"}', AUTH) == 1:
+            break
+        time.sleep(0.05)
+    assert server_a.metric('omni_serve_dropped_total{reason="disconnected"}', AUTH) == 1
+    assert server_a.metric("omni_serve_step_seconds_count", AUTH) - steps < 5000  # it stopped early
+    assert gen(server_a.port, seed=1, num_inference_steps=1)[0] == 200
+    assert "Traceback" not in server_a.text() and "ERROR" not in server_a.text()
 
 
 def test_pipeline_dir_queue_full_and_sigterm(server_a, tiny_artifact, pipeline_dir, subprocess_env, tmp_path):
