@@ -168,6 +168,7 @@ class RegionBackend:
         counters.regions_compiled += 1
         t0 = time.perf_counter()
         pm = self.state.pass_manager
+        pm.prepare()
         with pm.recording(log):
             compiled = compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": pm})
         record = RegionCompile(

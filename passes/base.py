@@ -134,10 +134,23 @@ class PatternPass(OmniPass):
         )
 
     def materialize(self) -> None:
-        """Trace and register the patterns recorded so far, in registration order (once)."""
+        """Trace and register the patterns recorded so far, in registration order (once).
+
+        `PassManager.prepare` calls this before Inductor compiles. Called from inside a compile (the
+        post-grad pass), the tracing must not see that compile's fake-tensor mode or tracing context,
+        or the traced patterns differ from the graphs they should match (as Inductor's own lazily
+        initialised patterns do: `pattern_matcher.init_once_fakemode`)."""
+        if not self._pending:
+            return
+        from torch._dynamo.utils import counters as dynamo_counters
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         pending, self._pending = self._pending, []
-        for register in pending:
-            register()
+        before = dynamo_counters["inductor"].copy()
+        with torch._guards.tracing(None), unset_fake_temporarily():
+            for register in pending:
+                register()
+        dynamo_counters["inductor"] = before  # tracing patterns is not matching them
 
     def apply(self, graph: torch.fx.Graph) -> int:
         self.materialize()

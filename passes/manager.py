@@ -26,7 +26,7 @@ from omni_compile.attention.config import AttentionConfig
 from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
-from omni_compile.passes.base import OmniPass
+from omni_compile.passes.base import OmniPass, PatternPass
 from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
 from omni_compile.passes.attention import AttentionPass
@@ -151,6 +151,14 @@ class PassManager(CustomGraphPass):
                 p = _pattern_pass(cls, json.dumps(options, sort_keys=True))
             if p.is_applicable(platform, config):
                 self.passes.append(p)
+
+    def prepare(self) -> None:
+        """Trace the pattern passes' patterns now, outside any compile (they are deferred so that a
+        build that compiles nothing never traces them); call before handing the manager to Inductor."""
+        for p in self.passes:
+            for q in (p, getattr(p, "_norms", None)):
+                if isinstance(q, PatternPass):
+                    q.materialize()
 
     @contextlib.contextmanager
     def recording(self, log: PassLog):

@@ -239,6 +239,7 @@ def compile_package(
         raise ValueError(f"unknown compiled-file format {fmt!r}; known: {', '.join(FORMATS)}")
     t0 = time.perf_counter()
     ep, graph_hash = exported or export_region(module, example)
+    pass_manager.prepare()
     log = PassLog(label=label)
     path.parent.mkdir(parents=True, exist_ok=True)
     specs = None
