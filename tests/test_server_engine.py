@@ -221,3 +221,20 @@ def test_health_503_until_warm():
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_pipeline_dir_from_manifest(tmp_path):
+    from omni_compile.errors import ConfigError
+    from omni_compile.server.pipeline import pipeline_dir
+
+    root = tmp_path / "pipe"
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text("{}")
+    built_from_root = {"model": {"source": str(root / "transformer")}}  # `omni-compile build DIR` records DIR/transformer
+    assert pipeline_dir(ServeConfig(artifact="a"), built_from_root) == root
+    assert pipeline_dir(ServeConfig(artifact="a"), {"model": {"source": "preset:flux-tiny"}}) is None
+    assert pipeline_dir(ServeConfig(artifact="a", pipeline=str(root)), {"model": {"source": "preset:flux-tiny"}}) == root
+    with pytest.raises(ConfigError, match="--pipeline"):
+        pipeline_dir(ServeConfig(artifact="a"), {"model": {"source": str(tmp_path / "elsewhere" / "transformer")}})
+    with pytest.raises(ConfigError, match="model_index.json"):
+        pipeline_dir(ServeConfig(artifact="a", pipeline=str(tmp_path)), built_from_root)
