@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from omni_compile.errors import OmniCompileError
 from omni_compile.server.config import ServeConfig
-from omni_compile.server.engine import Engine, Job, split_batch
+from omni_compile.server.engine import Engine, Job, split_batch, usable_batch_sizes
 from omni_compile.server.metrics import Metrics
 from omni_compile.server.schemas import ImageData, ImageRequest, ImageResponse, RequestError, validate
 
@@ -106,7 +106,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         why = pipe.prompt_error(body.prompt)
         if why:
             raise RequestError(400, why, param="prompt", code="prompt_too_long")
-        sizes = [b for b in pipe.batch_sizes(height, width) if b <= max(config.max_batch, 1)] or pipe.batch_sizes(height, width)
+        sizes = usable_batch_sizes(pipe, height, width, config.max_batch)
         if split_batch(body.n, sizes) is None:
             raise RequestError(400, f"n={body.n} cannot be made of the compiled batch sizes {sizes} for "
                                f"{width}x{height}; ask for a multiple of them", param="n")  # fmt: skip

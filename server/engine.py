@@ -67,6 +67,12 @@ def split_batch(n: int, sizes: list[int]) -> list[int] | None:
     return None if best[n] is None else sorted(best[n], reverse=True)
 
 
+def usable_batch_sizes(runner, height: int, width: int, max_batch: int) -> list[int]:
+    """The compiled batch sizes at this size up to `max_batch`; the smallest one when none is that small."""
+    sizes = runner.batch_sizes(height, width)
+    return [b for b in sizes if b <= max_batch] or sizes[:1]
+
+
 class Engine:
     def __init__(self, runner, metrics, *, max_queue: int, max_batch: int,
                  warmup: Callable[[], None] | None = None):  # fmt: skip
@@ -181,8 +187,8 @@ class Engine:
                 live.append(job)
         images = [(job, i) for job in live for i in range(job.n)]
         height, width, steps, guidance = jobs[0].key
-        chunks = split_batch(len(images), [b for b in self.runner.batch_sizes(height, width) if b <= max(self.max_batch, 1)]
-                             or [1]) or [1] * len(images)  # fmt: skip
+        chunks = split_batch(len(images), usable_batch_sizes(self.runner, height, width, self.max_batch))
+        assert chunks is not None, "each job's n was checked to be a sum of the usable batch sizes"
         start = 0
         for size in chunks:
             chunk = images[start:start + size]  # the compiled batch: a stopped job's images still fill it
