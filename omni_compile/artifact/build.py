@@ -79,7 +79,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
     )
 
     # 1. Record the calls of every target, and the eager output per bucket (the parity reference).
-    text_len = opts.text_len or spec.text_len
+    text_len = opts.text_len or spec.text_len or spec.adapter.default_text_len  # what example_inputs uses
     recorder = aot.CallRecorder(targets)
     references = {}
     with recorder, torch.no_grad():
@@ -356,7 +356,7 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
             "dtype": dtype_name(dtype),
             "device": device,
             "buckets": [str(b) for b in buckets],
-            "text_len": opts.text_len or spec.text_len,
+            "text_len": opts.text_len or spec.text_len or spec.adapter.default_text_len,
             "compile_config": aot.json_safe(opts.compile.to_json()),
             "compile_config_hash": opts.compile.compute_hash(),
         },
