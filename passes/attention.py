@@ -17,7 +17,8 @@ the platform's preference list) and the call is replaced by that backend's form:
 
 Correctness: every backend computes softmax(q kᵀ · scale) v on the same inputs (SAGE_ATTN within its
 documented, lossy bound); the output keeps SDPA's shape and dtype. The build report lists the backend,
-reason and call count per role.
+reason and call count per role. The pass's match count is the number of calls it rewrote: a call left
+as torch dispatched it (TORCH_SDPA, or cuDNN that torch already chose) is resolved, not matched.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ class AttentionPass(OmniPass):
         resolution = resolve(self.config, role, self.platform, call)
         record_resolution(self.resolutions, role, resolution.backend, resolution.describe())
         body, trace = self._body(resolution.backend, node)
-        if body is None:
-            return 1
+        if body is None:  # torch's own node already runs this backend: resolved (recorded above), not rewritten
+            return 0
         scale = kw.get("scale")
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim)
         bound = {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}
