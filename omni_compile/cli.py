@@ -146,10 +146,10 @@ def _serve_parsers(sub) -> None:
     add_pipeline_arguments(sub.add_parser("pipeline", help="write a preset's whole random diffusers pipeline to a directory"))
 
 
-def _cmd_build(args, console) -> int:
-    from omni_compile.builder import BuildEvents, BuildOptions, build
+def compile_config(args):
+    """The CompileConfig of `--config`, `--passes`, `--kernels`, `--attention` and `--attention-backend`
+    (build and inspect take the same flags)."""
     from omni_compile.config import CompileConfig
-    from omni_compile.models import DEFAULT_MODEL
 
     config = CompileConfig.from_dict(_json_arg(args.config, "--config") or {})
     config.passes = [*config.passes, *args.passes]
@@ -157,13 +157,22 @@ def _cmd_build(args, console) -> int:
         from omni_compile.ops.registry import parse_kernel_items
 
         config.kernels = {**config.kernels, **parse_kernel_items(",".join(args.kernels))}
-    if args.attention or args.attention_backend:
+    attention_text = getattr(args, "attention", None)
+    if attention_text or args.attention_backend:
         from omni_compile.attention.config import backend_name, merge_attention, parse_attention_text
 
-        attention = merge_attention(config.attention, parse_attention_text(args.attention or ""))
+        attention = merge_attention(config.attention, parse_attention_text(attention_text or ""))
         if args.attention_backend:
             attention["default"] = {"backend": backend_name(args.attention_backend, "--attention-backend")}
         config.attention = attention
+    return config
+
+
+def _cmd_build(args, console) -> int:
+    from omni_compile.builder import BuildEvents, BuildOptions, build
+    from omni_compile.models import DEFAULT_MODEL
+
+    config = compile_config(args)
     if args.dump_graphs:
         config.dump_dir = args.dump_graphs
     if args.text_len is not None and args.text_len <= 0:

@@ -9,7 +9,6 @@ The transformer is always `omni_compile.load(ARTIFACT, weights=...)`: its region
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -84,15 +83,11 @@ class LoadedPipeline:
         return pngs
 
 
-def read_manifest(artifact: str | Path) -> dict[str, Any]:
-    path = Path(artifact) / "manifest.json"
-    if not path.is_file():
-        raise omni_compile.ArtifactError(f"{artifact} has no manifest.json; pass a directory written by "
-                                         "`omni-compile build`")  # fmt: skip
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise omni_compile.ArtifactError(f"{path} is not valid JSON ({e}); rebuild the artifact") from None
+def check_family(manifest: dict[str, Any], artifact) -> None:
+    family = manifest["model"]["family"]
+    if family != "flux":
+        raise omni_compile.ConfigError(f"{artifact} holds a {family!r} model; `omni-compile serve` runs FLUX "
+                                       "text-to-image pipelines only")  # fmt: skip
 
 
 def pipeline_dir(config: ServeConfig, manifest: dict[str, Any]) -> Path | None:
@@ -119,46 +114,37 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
     from diffusers import FluxPipeline
     from diffusers.utils import logging as dlogging
 
+    from omni_compile.artifact.manifest import read_manifest
+    from omni_compile.config import parse_dtype
+    from omni_compile.models import resolve_model
     from omni_compile.models.flux_pipeline import match_build_call, random_pipeline
 
-    manifest = read_manifest(config.artifact)
-    family = manifest["model"]["family"]
-    if family != "flux":
-        raise omni_compile.ConfigError(f"the artifact is a {family!r} model; `omni-compile serve` runs FLUX "
-                                       "text-to-image pipelines only")  # fmt: skip
+    manifest = read_manifest(Path(config.artifact))
+    check_family(manifest, config.artifact)
     build = manifest["build"]
     device = config.device or build["device"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[build["dtype"]]
+    dtype = parse_dtype(build["dtype"])
     root = pipeline_dir(config, manifest)
-    seconds: dict[str, float] = {}
     dlogging.set_verbosity_error()
     t0 = time.perf_counter()
-    if root is None:
-        from omni_compile.models import resolve_model
-
+    if root is None:  # the build's seeded random weights, and a random pipeline of the same preset
         preset, seed = manifest["model"]["source"].removeprefix("preset:"), manifest["weights"].get("seed", 0)
-        spec = resolve_model(preset, model_config=manifest["model"]["config"])
-        weights = spec.load(dtype=dtype, device=device, seed=seed)  # the build's seeded random weights
-        t1 = time.perf_counter()
-        transformer = omni_compile.load(config.artifact, weights=weights, device=device,
-                                        jit_fallback=config.jit_fallback)  # fmt: skip
-        t2 = time.perf_counter()
+        weights = resolve_model(preset, model_config=manifest["model"]["config"]).load(dtype=dtype, device=device,
+                                                                                         seed=seed)  # fmt: skip
+    else:
+        weights = resolve_model(str(root / "transformer")).load(dtype=dtype, device=device)
+    t1 = time.perf_counter()
+    transformer = omni_compile.load(config.artifact, weights=weights, device=device, jit_fallback=config.jit_fallback)
+    t2 = time.perf_counter()
+    if root is None:
         pipe = random_pipeline(preset, transformer, dtype=dtype, device=device, seed=seed)
         source = f"random {preset} pipeline (seed {seed})"
-        seconds.update(transformer_weights=t1 - t0, artifact_load=t2 - t1, other_parts=time.perf_counter() - t2)
     else:
-        from omni_compile.models import resolve_model
-
-        weights = resolve_model(str(root / "transformer")).load(dtype=dtype, device=device)
-        t1 = time.perf_counter()
-        transformer = omni_compile.load(config.artifact, weights=weights, device=device,
-                                        jit_fallback=config.jit_fallback)  # fmt: skip
-        t2 = time.perf_counter()
         pipe = FluxPipeline.from_pretrained(root, transformer=transformer, torch_dtype=dtype, local_files_only=True)
         pipe = pipe.to(device)
         match_build_call(transformer)
         source = str(root)
-        seconds.update(transformer_weights=t1 - t0, artifact_load=t2 - t1, other_parts=time.perf_counter() - t2)
+    seconds = {"transformer_weights": t1 - t0, "artifact_load": t2 - t1, "other_parts": time.perf_counter() - t2}
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     pipe.set_progress_bar_config(disable=True)
     buckets = [Bucket(b.height, b.width, b.batch) for b in map(omni_compile.ShapeBucket.parse, build["buckets"])]

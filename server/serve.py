@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 
 from omni_compile.errors import ConfigError
 
@@ -71,13 +72,12 @@ def run_serve(args, console) -> int:
 
     from omni_compile.artifact.loader import check
     from omni_compile.server.app import build_app
-    from omni_compile.server.pipeline import pipeline_dir, read_manifest
+    from omni_compile.artifact.manifest import read_manifest
+    from omni_compile.server.pipeline import check_family, pipeline_dir
 
     config = serve_config(args)
-    manifest = read_manifest(config.artifact)
-    if manifest["model"]["family"] != "flux":
-        raise ConfigError(f"{config.artifact} holds a {manifest['model']['family']!r} model; `omni-compile serve` "
-                          "runs FLUX text-to-image pipelines only")  # fmt: skip
+    manifest = read_manifest(Path(config.artifact))
+    check_family(manifest, config.artifact)
     check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)  # platform and sha256s
     pipeline_dir(config, manifest)  # a missing pipeline directory is reported before anything loads
     console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")

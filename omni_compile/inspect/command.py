@@ -34,27 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress and no terminal summary")
 
 
-def _compile_config(args):
-    from omni_compile.cli import _json_arg
-    from omni_compile.config import CompileConfig
-
-    config = CompileConfig.from_dict(_json_arg(args.config, "--config") or {})
-    config.passes = [*config.passes, *args.passes]
-    if args.kernels:
-        from omni_compile.ops.registry import parse_kernel_items
-
-        config.kernels = {**config.kernels, **parse_kernel_items(",".join(args.kernels))}
-    if args.attention_backend:
-        from omni_compile.attention.config import backend_name
-
-        attention = dict(config.attention)
-        attention["default"] = {"backend": backend_name(args.attention_backend, "--attention-backend")}
-        config.attention = attention
-    return config
-
-
 def run(args, console) -> int:
-    from omni_compile.cli import _json_arg
+    from omni_compile.cli import _json_arg, compile_config
     from omni_compile.inspect import InspectOptions, inspect
     from omni_compile.inspect.html import write_html
     from omni_compile.inspect.report import print_summary, write_json, write_out
@@ -62,7 +43,7 @@ def run(args, console) -> int:
     opts = InspectOptions(
         target=args.target, shapes=args.shapes, dtype=args.dtype, device=args.device, seed=args.seed,
         text_len=args.text_len, model_config=_json_arg(args.model_config, "--model-config"),
-        example_inputs=args.example_inputs, compile=_compile_config(args), profile=args.profile,
+        example_inputs=args.example_inputs, compile=compile_config(args), profile=args.profile,
         dynamo=not args.no_dynamo,
     )  # fmt: skip
     log = (lambda *a, **k: None) if args.quiet else console.print
@@ -81,6 +62,6 @@ def run(args, console) -> int:
         write_json(report, Path(args.json))
         log(f"wrote {args.json}")
     if not args.quiet:
-        print_summary(console if args.json != "-" else console, report)
+        print_summary(console, report)
     sys.stdout.flush()
     return 0

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import torch
 
+from omni_compile.builder import _sync
 from omni_compile.inspect.categories import CATEGORIES, kernel_category
 
 REGION_RANGE = "omni_compile.region:"
@@ -44,11 +45,6 @@ def _ranged(fn, name):
             return fn(*args, **kwargs)
 
     return forward
-
-
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def profile_step(step, device: str) -> dict:
