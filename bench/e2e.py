@@ -74,36 +74,12 @@ def summary(times: list[float]) -> dict:
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
 
 
-def kernel_profile(step, device: str) -> dict:
-    """One profiled step: device kernels per step and their time by category."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from omni_compile.inspect.categories import kernel_category
-
-    with profile(activities=[ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]) as prof:
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-    cats: dict[str, list] = {}
-    kernels = 0
-    for evt in prof.events():
-        if device == "cuda" and evt.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        cat = kernel_category(evt.name)
-        kernels += 1
-        t = evt.device_time if device == "cuda" else evt.cpu_time
-        cats.setdefault(cat, [0, 0.0])
-        cats[cat][0] += 1
-        cats[cat][1] += t / 1e3
-    return {"kernels": kernels, "by_category": {k: {"count": c, "ms": round(ms, 3)} for k, (c, ms) in cats.items()}}
-
-
 def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int, profile: bool = False) -> dict:
     import torch
 
     import omni_compile
     from omni_compile.config import ShapeBucket, parse_dtype
+    from omni_compile.inspect.profile import profile_step
     from omni_compile.models import resolve_model
 
     preset, shape, dtype_s, device = WORKLOADS[workload]
@@ -164,7 +140,7 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
     if profile:
-        result["profile"] = kernel_profile(step, device)
+        result["profile"] = profile_step(step, device)
     if mode == "stock":
         saved = torch.compiler.save_cache_artifacts()
         if saved is not None:
@@ -216,6 +192,7 @@ def main() -> int:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{workload}-{mode}-{len(results)}"))
             cmd = [
                 sys.executable,
+                "-P",  # not bench/ on sys.path: bench/kernels.py would shadow the `kernels` package transformers probes
                 __file__,
                 "--steps",
                 str(args.steps),
