@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import torch
@@ -29,16 +30,27 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def no_inductor_cache(monkeypatch):
-    """Make Inductor compile for real (so our passes run) instead of serving a cached graph."""
+@contextlib.contextmanager
+def inductor_cache_off():
+    """Inductor's FX-graph, autotune and AOTAutograd caches off, restored on exit.
+
+    Uses torch's own config ``patch``: ``monkeypatch.setattr`` on a torch config module deletes the
+    attribute on undo with current pytest (the config module has no instance ``__dict__`` entry to restore),
+    which broke every later test that read it."""
     from torch._inductor import config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(inductor_config, "autotune_local_cache", False)
-    if hasattr(torch._functorch.config, "enable_autograd_cache"):
-        monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    yield
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(inductor_config.patch(fx_graph_cache=False, autotune_local_cache=False))
+        if hasattr(torch._functorch.config, "enable_autograd_cache"):
+            stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        yield
+
+
+@pytest.fixture
+def no_inductor_cache():
+    """Make Inductor compile for real (so our passes run) instead of serving a cached graph."""
+    with inductor_cache_off():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ the pass manager's uuid contract. Graphs come from make_fx with Inductor's decom
 post-grad graph holds) so most tests run in milliseconds; one test goes through Inductor itself.
 """
 
+import contextlib
 import operator
 
 import pytest
@@ -253,7 +254,7 @@ def test_through_inductor(fresh_dynamo, no_inductor_cache, tmp_path):
     assert omni_compile.counters.regions_compiled >= 1
 
 
-def test_cache_hit_reports_what_the_passes_did(fresh_dynamo, monkeypatch, tmp_path):
+def test_cache_hit_reports_what_the_passes_did(fresh_dynamo, monkeypatch, tmp_path, request):
     """An Inductor cache hit skips the post-grad passes; the record still carries the cold compile's
     matches and kernel choices (from the pass-log file beside Inductor's cache), or says they are unknown."""
     from torch._inductor import config as inductor_config
@@ -262,7 +263,9 @@ def test_cache_hit_reports_what_the_passes_did(fresh_dynamo, monkeypatch, tmp_pa
     from omni_compile.graphs.regions import Region
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", True)
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=True))  # monkeypatch would delete it on undo
+    request.addfinalizer(stack.close)
     monkeypatch.setattr(pass_log_cache, "entries", {})
     norm = torch.nn.RMSNorm(32, eps=1e-6)
     x = torch.randn(4, 32)
