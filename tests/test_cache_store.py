@@ -290,3 +290,44 @@ def test_the_key_is_stable_and_order_free():
     assert again.key() == BASE.key() and len(BASE.key()) == 64
     reordered = dataclasses.replace(BASE, build_options={"dtype": "bf16", "mode": "aot"})
     assert reordered.key() == BASE.key()
+
+
+def test_bad_keys_are_user_errors(store):
+    """A bad key is an OmniCompileError (the CLI prints one line), still a ValueError for callers."""
+    import re
+
+    from omni_compile.errors import OmniCompileError
+
+    for key in ("UPPER", ".hidden", "a*"):
+        with pytest.raises(OmniCompileError, match=re.escape(f"invalid cache key {key!r}") + ".*64 hex characters"):
+            store.delete(key)
+        with pytest.raises(OmniCompileError, match="invalid cache key"):
+            store.keys(key)
+
+
+def test_keys_by_prefix(store):
+    for key in ("ab12", "ab13", "b", "k1"):
+        store.put(key, b"v")
+    store.put("ab14", b"v")
+    _corrupt_index(store, "ab14")  # a corrupt entry still has a key (`cache rm` must reach it)
+    assert store.keys() == ["ab12", "ab13", "ab14", "b", "k1"]
+    assert store.keys("ab1") == ["ab12", "ab13", "ab14"] and store.keys("a") == ["ab12", "ab13", "ab14"]
+    assert store.keys("ab12") == ["ab12"] and store.keys("c") == []
+    assert [e.key for e in store.list()] == ["ab12", "ab13", "b", "k1"]
+
+
+def _corrupt_index(store, key: str) -> None:
+    if isinstance(store, FileStore):
+        store._entry_path(key).write_text("{not json")
+    else:
+        store.client.set(store._index_key(key), b"{not json")
+
+
+def test_a_missing_file_store_is_empty_and_only_put_creates_it(tmp_path):
+    root = tmp_path / "a" / "store"
+    s = open_store(f"file://{root}")
+    assert s.list() == [] and s.keys() == [] and s.keys("ab") == []
+    assert s.get("k") is None and not s.contains("k") and s.delete("k") is False
+    assert s.gc(max_age_s=0) == {"entries": 0, "blobs": 0, "temporary": 0}
+    assert not (tmp_path / "a").exists()
+    assert s.put("k", b"v") and s.get("k").data == b"v" and root.is_dir()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from omni_compile.errors import OmniCompileError
+from omni_compile.errors import ConfigError, OmniCompileError
 
 
 class StoreError(OmniCompileError):
@@ -59,9 +59,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+KEY_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz-_."
+KEY_FORM = (
+    "omni-compile's keys are 64 hex characters (a sha256); a store takes up to 128 characters of [0-9a-z-_.], "
+    "the first a letter or digit"
+)
+
+
 def _check_key(key: str) -> str:
-    if not key or len(key) > 128 or not all(c in "0123456789abcdefghijklmnopqrstuvwxyz-_." for c in key):
-        raise ValueError(f"invalid cache key {key!r}: expected up to 128 characters of [0-9a-z-_.]")
+    """`key` (or a prefix of one) when it is safe in a path and a Redis pattern; a ConfigError (a ValueError) if not."""
+    if not key or len(key) > 128 or key[0] in "-_." or not all(c in KEY_CHARS for c in key):
+        raise ConfigError(f"invalid cache key {key!r}: {KEY_FORM}")
     return key
 
 
@@ -80,8 +88,24 @@ class Store(ABC):
     def contains(self, key: str) -> bool: ...
 
     @abstractmethod
+    def keys(self, prefix: str = "") -> list[str]:
+        """The keys of the entries whose key starts with `prefix`, corrupt ones included, sorted."""
+
     def list(self) -> list[Entry]:
-        """Every entry's index (no data), sorted by key."""
+        """Every readable entry's index (no data), sorted by key."""
+        out = []
+        for key in self.keys():
+            try:
+                e = self._read_index(key)
+            except CorruptEntryError:
+                continue
+            if e is not None:
+                out.append(e)
+        return out
+
+    @abstractmethod
+    def _read_index(self, key: str) -> Entry | None:
+        """The entry's index without its data (no verification), or None when there is none."""
 
     @abstractmethod
     def delete(self, key: str) -> bool: ...
@@ -136,12 +160,7 @@ class FileStore(Store):
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self.url = f"file://{self.root}"
-        try:
-            (self.root / "entries").mkdir(parents=True, exist_ok=True)
-            (self.root / "blobs").mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreUnavailableError(f"{self.url}: cannot create the store directory: {e}") from e
+        self.url = f"file://{self.root}"  # nothing is created before the first put (listing a typo creates nothing)
 
     def _entry_path(self, key: str) -> Path:
         return self.root / "entries" / key[:2] / f"{_check_key(key)}.json"
@@ -206,16 +225,13 @@ class FileStore(Store):
         entry = self._read_index(key)
         return entry is not None and self._blob_path(entry.sha256).is_file()
 
-    def list(self) -> list[Entry]:
-        out = []
-        for p in sorted((self.root / "entries").glob("*/*.json")):
-            try:
-                e = self._read_index(p.stem)
-            except CorruptEntryError:
-                continue
-            if e is not None:
-                out.append(e)
-        return out
+    def keys(self, prefix: str = "") -> list[str]:
+        if prefix:
+            _check_key(prefix)
+        # entries/ke/KEY.json: a prefix of two or more characters names its directory
+        pattern = f"{prefix[:2]}/{prefix}*.json" if len(prefix) >= 2 else f"{prefix}*/*.json"
+        paths = (self.root / "entries").glob(pattern)  # none when the directory does not exist
+        return sorted(p.stem for p in paths if not p.name.startswith(self.TMP_PREFIX))
 
     def delete(self, key: str) -> bool:
         try:
@@ -291,6 +307,12 @@ class RedisStore(Store):
             return None
         return self._parse_index(key, raw, _chunks="chunks")
 
+    def _read_index(self, key: str) -> Entry | None:
+        entry = self._index(key)
+        if entry is not None:
+            entry.meta.pop("_chunks", None)
+        return entry
+
     def get(self, key: str) -> Entry | None:
         entry = self._index(key)
         if entry is None:
@@ -321,19 +343,13 @@ class RedisStore(Store):
     def contains(self, key: str) -> bool:
         return self._call(f"reading entry {key}", self.client.exists, self._index_key(key)) == 1
 
-    def list(self) -> list[Entry]:
-        out = []
-        prefix = f"{self.prefix}:entry:"
-        for name in self._call("listing entries", lambda: list(self.client.scan_iter(match=prefix + "*", count=500))):
-            key = name.decode()[len(prefix):]
-            try:
-                e = self._index(key)
-            except CorruptEntryError:
-                continue
-            if e is not None:
-                e.meta.pop("_chunks", None)
-                out.append(e)
-        return sorted(out, key=lambda e: e.key)
+    def keys(self, prefix: str = "") -> list[str]:
+        if prefix:
+            _check_key(prefix)
+        names = f"{self.prefix}:entry:"
+        pattern = "".join(f"\\{c}" if c in "*?[]^\\" else c for c in names) + prefix + "*"  # the store prefix literally
+        found = self._call("listing entries", lambda: list(self.client.scan_iter(match=pattern, count=500)))
+        return sorted(name.decode()[len(names) :] for name in found)
 
     def delete(self, key: str) -> bool:
         try:
