@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -121,12 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--jit-fallback", action="store_true", help="on a platform mismatch, compile here instead of refusing")
     v.add_argument("--no-cuda-graphs", action="store_true", help="run the parity step without CUDA graphs")
     v.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    c = sub.add_parser("cache", help="list, push, pull, remove and collect entries of a shared store")
-    c.add_argument("action", choices=["ls", "push", "pull", "rm", "gc"])
-    c.add_argument("targets", nargs="*", help="push/pull: an artifact directory; rm: cache keys")
-    c.add_argument("--store", required=True, metavar="URL", help="file://PATH or redis://[:PASSWORD@]HOST:PORT/DB")
-    c.add_argument("--max-age-days", type=float, help="gc: also remove entries older than this")
-    c.add_argument("--json", action="store_true", help="ls: print the entries as JSON on stdout")
+    _cache_parser(sub)
     sub.add_parser("models", help="list model presets")
     sub.add_parser("passes", help="list graph passes and their defaults")
     a = sub.add_parser("attention", help="list attention backends and what each needs on this machine")
@@ -263,59 +257,17 @@ def _print_artifact_summary(console, manifest, out) -> None:
     console.print(f"wrote {out}/manifest.json ({len(manifest['regions'])} regions); load it with omni_compile.load({out!r})")
 
 
-def _cmd_cache(args, console) -> int:
-    from omni_compile.artifact.manifest import artifact_files, read_manifest, sha256_file
-    from omni_compile.cache import open_store
+def _cache_parser(sub) -> None:
+    """`cache` (docs/cache.md#commands); the options live with the cache package."""
+    from omni_compile.cache.command import add_arguments
 
-    store = open_store(args.store)
-    if args.action == "ls":
-        entries = store.list()
-        if args.json:
-            print(json.dumps([{"key": e.key, "size": e.size, "sha256": e.sha256, "created": e.created, "meta": e.meta}
-                              for e in entries], indent=2))  # fmt: skip
-        else:
-            for e in entries:
-                when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.created))
-                console.print(f"{e.key[:16]}  {e.size / 2**20:8.2f} MiB  {when}  {e.meta.get('label', '')}")
-            console.print(f"{len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB in {store.url}")
-        return 0
-    if args.action == "gc":
-        removed = store.gc(None if args.max_age_days is None else args.max_age_days * 86400)
-        console.print(f"{store.url}: removed " + ", ".join(f"{n} {k}" for k, n in removed.items()))
-        return 0
-    if args.action == "rm":
-        if not args.targets:
-            raise ConfigError("cache rm needs one or more cache keys (see `omni-compile cache ls`)")
-        gone = sum(store.delete(k) for k in args.targets)
-        console.print(f"removed {gone} of {len(args.targets)} entries")
-        return 0 if gone == len(args.targets) else 1
-    if len(args.targets) != 1:
-        raise ConfigError(f"cache {args.action} needs one artifact directory")
-    root = Path(args.targets[0])
-    manifest = read_manifest(root)
-    files = [e for e in artifact_files(manifest) if e.get("cache_key")]
-    if not files:
-        raise ConfigError(f"{root}: its manifest has no cache keys (built before stores existed); rebuild it")
-    done = 0
-    for e in files:
-        path = root / e["file"]
-        if args.action == "push":
-            if not path.is_file() or sha256_file(path) != e["sha256"]:
-                raise ConfigError(f"{root}: {e['file']} is missing or fails its checksum; not pushing a bad file")
-            meta = {"label": e["file"], "graph_hash": e["graph_hash"], "passes": e["passes"], "pytree": e.get("pytree")}
-            done += store.put(e["cache_key"], path.read_bytes(), meta)
-        else:  # pull: fetch what is missing or damaged locally
-            if path.is_file() and sha256_file(path) == e["sha256"]:
-                continue
-            entry = store.get(e["cache_key"])
-            if entry is None or entry.sha256 != e["sha256"]:
-                raise ConfigError(f"{store.url} has no entry for {e['file']} matching the manifest's sha256")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(entry.data)
-            done += 1
-    verb = "pushed" if args.action == "push" else "pulled"
-    console.print(f"{verb} {done} of {len(files)} files ({store.url})")
-    return 0
+    add_arguments(sub.add_parser("cache", help="list, push, pull, remove and collect entries of a shared store"))
+
+
+def _cmd_cache(args, console) -> int:
+    from omni_compile.cache.command import run
+
+    return run(args, console)
 
 
 def _cmd_verify(args, console) -> int:
