@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hmac
 import logging
 import os
 import time
@@ -58,13 +59,18 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         finally:
             await asyncio.to_thread(engine.stop)
 
-    app = FastAPI(title="omni-compile", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No docs pages (a browser cannot send the Bearer key); /openapi.json is a route below, behind the key.
+    app = FastAPI(title="omni-compile", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config, app.state.metrics, app.state.model_name = config, metrics, model_name
     app.state.startup_error = None
     _install_error_handlers(app)
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
     app.add_middleware(_Count, metrics=metrics)  # outermost: it counts the 413s too
     auth = Depends(_require_key(config.api_key))
+
+    @app.get("/openapi.json", dependencies=[auth], include_in_schema=False)
+    async def openapi():
+        return JSONResponse(app.openapi())
 
     @app.get("/health")
     async def health(request: Request):
@@ -157,8 +163,10 @@ def _require_key(api_key: str | None):
     async def check(request: Request) -> None:
         if api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        if header != f"Bearer {api_key}":
+        # RFC 7235: the scheme is case-insensitive; extra spaces before the token are tolerated. Starlette
+        # decodes header values as latin-1: encoding back gives the bytes sent, compared in constant time.
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode()):
             raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                type="authentication_error", headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -182,45 +183,73 @@ def _port():
         return s.getsockname()[1]
 
 
-def _get(port, path):
+def _get(port, path, headers=None, method="GET"):
+    """(status, parsed JSON body, or the text when it is not JSON) of one call."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-            return r.status, json.loads(r.read())
+        with urllib.request.urlopen(req, timeout=10) as r:
+            status, text = r.status, r.read().decode()
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
 
 
-def test_health_503_until_warm():
+@contextlib.contextmanager
+def _serving(app):
+    """Runs `app` under uvicorn on a loopback port in a thread until /health is 200; yields the port."""
     import uvicorn
 
-    pipe = FakePipeline()
-    pipe.gate.clear()  # the warm-up run blocks until the gate opens
     port = _port()
-    app = build_app(ServeConfig(artifact="/nowhere/fake", warmup_steps=1), loader=lambda cfg: pipe)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         for _ in range(200):
-            if server.started:
+            if server.started and _get(port, "/health")[0] == 200:
                 break
             time.sleep(0.05)
-        assert _get(port, "/health") == (503, {"status": "starting"})
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", method="POST",
-                                     data=b'{"prompt": "a cat"}', headers={"Content-Type": "application/json"})  # fmt: skip
-        with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(req, timeout=10)
-        assert info.value.code == 503 and "warming up" in json.loads(info.value.read())["error"]["message"]
-        pipe.gate.set()
-        for _ in range(200):
-            if _get(port, "/health")[0] == 200:
-                break
-            time.sleep(0.05)
-        assert _get(port, "/health") == (200, {"status": "ok"})
-        assert _get(port, "/v1/models")[1]["data"][0]["id"] == "fake"
+        else:
+            raise AssertionError("the app never became healthy")
+        yield port
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_every_route_but_health_needs_the_key():
+    """With an API key, every route (the OpenAPI schema included) answers 401 without it; there are no docs pages;
+    without a key the schema is open, as before."""
+    app = build_app(ServeConfig(artifact="/nowhere/fake", api_key="s3cret"), loader=lambda cfg: FakePipeline())
+    routes = [(m, r.path) for r in app.routes for m in sorted(r.methods - {"HEAD"}) if r.path != "/health"]
+    assert ("GET", "/openapi.json") in routes and ("POST", "/v1/images/generations") in routes
+    with _serving(app) as port:
+        for method, path in routes:
+            status, body = _get(port, path, method=method)
+            assert status == 401 and body["error"]["type"] == "authentication_error", (method, path, body)
+        assert _get(port, "/health") == (200, {"status": "ok"})
+        status, schema = _get(port, "/openapi.json", {"Authorization": "Bearer s3cret"})
+        assert status == 200 and "/v1/images/generations" in schema["paths"] and "/openapi.json" not in schema["paths"]
+        for path in ("/docs", "/redoc"):
+            status, body = _get(port, path, {"Authorization": "Bearer s3cret"})
+            assert status == 404 and body["error"]["type"] == "not_found_error"
+    with _serving(build_app(ServeConfig(artifact="/nowhere/fake"), loader=lambda cfg: FakePipeline())) as port:
+        status, schema = _get(port, "/openapi.json")
+        assert status == 200 and "/v1/models" in schema["paths"]
+
+
+def test_bearer_scheme_case_insensitive():
+    app = build_app(ServeConfig(artifact="/nowhere/fake", api_key="s3cret"), loader=lambda cfg: FakePipeline())
+    with _serving(app) as port:
+        for header in ("Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR s3cret", "Bearer    s3cret"):
+            status, body = _get(port, "/v1/models", {"Authorization": header})
+            assert status == 200 and body["data"][0]["id"] == "fake", header
+        for header in ("Bearer wrong", "Bearer s3cret2", "Bearer s3cre", "Basic s3cret", "Bearers3cret", "s3cret",
+                       "Bearer", "Bearer s3cret extra", ""):  # fmt: skip
+            status, body = _get(port, "/v1/models", {"Authorization": header})
+            assert status == 401 and body["error"]["type"] == "authentication_error", header
 
 
 def test_pipeline_dir_from_manifest(tmp_path):
