@@ -242,7 +242,10 @@ class _Count:
 
 
 class _BodyLimit:
-    """ASGI middleware: a body over `limit` bytes (by Content-Length or as it streams in) gets 413."""
+    """ASGI middleware: a body over `limit` bytes gets 413. With a Content-Length the server delivers no more
+    than it says, so the header decides; a body without one (`Transfer-Encoding: chunked`) is read here first
+    and handed on whole, so the route never reads past the limit (an exception raised from `receive` inside
+    FastAPI's body parsing would turn into its own 400 "There was an error parsing the body")."""
 
     def __init__(self, app, limit: int):
         self.app = app
@@ -252,25 +255,31 @@ class _BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await _drain(receive, 8 * self.limit)
-            return await _too_large(self.limit, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        if length is not None and length.isdigit():
+            if int(length) > self.limit:
+                await _drain(receive, 8 * self.limit)
+                return await _too_large(self.limit, send)
+            return await self.app(scope, receive, send)
+        body = bytearray()
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
+            if message["type"] != "http.request":  # the client left: the route sees its disconnect
+                break
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                if more:
+                    await _drain(receive, 8 * self.limit)
+                return await _too_large(self.limit, send)
+            if not more:
+                message = {"type": "http.request", "body": bytes(body), "more_body": False}
+                break
+        first = [message]
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _drain(receive, 8 * self.limit)
-            await _too_large(self.limit, send)
+        async def replay():
+            return first.pop() if first else await receive()
+
+        await self.app(scope, replay, send)
 
 
 async def _drain(receive, cap: int) -> None:
@@ -282,10 +291,6 @@ async def _drain(receive, cap: int) -> None:
         if message["type"] != "http.request" or not message.get("more_body", False):
             return
         seen += len(message.get("body", b""))
-
-
-class _TooLarge(Exception):
-    pass
 
 
 async def _too_large(limit: int, send) -> None:

@@ -5,6 +5,7 @@ queue) and B (the same pipeline written to a directory and passed with --pipelin
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import os
@@ -210,6 +211,15 @@ def test_bad_input_then_serves(server_a):
     big = json.dumps({"prompt": "a" * (1 << 20)}).encode()
     status, err = call(server_a.port, "/v1/images/generations", raw=big, headers=AUTH)
     assert status == 413 and "larger than" in err["error"]["message"]
+    conn = http.client.HTTPConnection("127.0.0.1", server_a.port, timeout=120)
+    try:  # an iterable body goes as Transfer-Encoding: chunked, with no Content-Length
+        conn.request("POST", "/v1/images/generations", body=iter([big[: 1 << 19], big[1 << 19 :]]), headers=AUTH)
+        resp = conn.getresponse()
+        status, err = resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+    assert status == 413 and err["error"]["type"] == "invalid_request_error"
+    assert "larger than" in err["error"]["message"]
     status, err = call(server_a.port, "/nowhere", headers=AUTH)
     assert status == 404 and "error" in err
     assert server_a.metric("omni_serve_queue_depth", AUTH) == 0
@@ -314,3 +324,4 @@ def test_corrupt_artifact_refused(tiny_artifact, subprocess_env, tmp_path):
     os.remove(bad / "manifest.json")
     proc = _cli("serve", str(bad), "--port", str(_free_port()), env=subprocess_env, timeout=120)
     assert proc.returncode == 2 and "manifest.json" in proc.stderr
+

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
 import json
 import socket
 import threading
@@ -219,6 +221,22 @@ def _serving(app):
         thread.join(30)
 
 
+def _chunked_post(port, path, body: bytes, chunk: int, pause: float = 0.0):
+    """(status, JSON body) of a POST whose body goes as `Transfer-Encoding: chunked` (no Content-Length),
+    `chunk` bytes a chunk, written on a raw socket: all at once, or with `pause` seconds before each chunk (so
+    that the server receives the body in several parts)."""
+    head = "Host: test\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    pieces = [b"%x\r\n%s\r\n" % (len(c), c) for c in (body[i : i + chunk] for i in range(0, len(body), chunk))]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\n{head}".encode())
+        for piece in [*pieces, b"0\r\n\r\n"] if pause else [b"".join(pieces) + b"0\r\n\r\n"]:
+            time.sleep(pause)
+            sock.sendall(piece)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, json.loads(resp.read())
+
+
 def test_every_route_but_health_needs_the_key():
     """With an API key, every route (the OpenAPI schema included) answers 401 without it; there are no docs pages;
     without a key the schema is open, as before."""
@@ -250,6 +268,62 @@ def test_bearer_scheme_case_insensitive():
                        "Bearer", "Bearer s3cret extra", ""):  # fmt: skip
             status, body = _get(port, "/v1/models", {"Authorization": header})
             assert status == 401 and body["error"]["type"] == "authentication_error", header
+
+
+def test_chunked_body_over_limit_413():
+    """A chunked body (no Content-Length) over --max-body-bytes gets our 413; one under it is served, after."""
+    pipe = FakePipeline()
+    app = build_app(ServeConfig(artifact="/nowhere/fake", max_body_bytes=1000), loader=lambda cfg: pipe)
+    gen = "/v1/images/generations"
+    with _serving(app) as port:
+        warmup_calls = len(pipe.calls)
+        big = json.dumps({"prompt": "a" * 5000}).encode()
+        for pause in (0.0, 0.02):  # the body in one part (read whole), in several (the rest is drained)
+            status, body = _chunked_post(port, gen, big, chunk=700, pause=pause)
+            assert status == 413, body
+            assert body["error"]["type"] == "invalid_request_error"
+            assert "larger than 1000 bytes (--max-body-bytes)" in body["error"]["message"]
+        assert len(pipe.calls) == warmup_calls  # nothing was queued
+        status, body = _chunked_post(port, gen, json.dumps({"prompt": "a cat", "seed": 3}).encode(), chunk=5)
+        assert status == 200 and base64.b64decode(body["data"][0]["b64_json"]) == b"a cat|3"
+        status, body = _chunked_post(port, gen, b"{not json", chunk=4)
+        assert status == 422 and body["error"]["code"] == "invalid_json"
+        _, text = _get(port, "/metrics")
+        for line in ('omni_serve_requests_total{status="413"} 2', 'omni_serve_requests_total{status="200"} 1'):
+            assert line in text.splitlines()
+
+
+def test_health_503_until_warm():
+    import uvicorn
+
+    pipe = FakePipeline()
+    pipe.gate.clear()  # the warm-up run blocks until the gate opens
+    port = _port()
+    app = build_app(ServeConfig(artifact="/nowhere/fake", warmup_steps=1), loader=lambda cfg: pipe)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert _get(port, "/health") == (503, {"status": "starting"})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", method="POST",
+                                     data=b'{"prompt": "a cat"}', headers={"Content-Type": "application/json"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 503 and "warming up" in json.loads(info.value.read())["error"]["message"]
+        pipe.gate.set()
+        for _ in range(200):
+            if _get(port, "/health")[0] == 200:
+                break
+            time.sleep(0.05)
+        assert _get(port, "/health") == (200, {"status": "ok"})
+        assert _get(port, "/v1/models")[1]["data"][0]["id"] == "fake"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def test_pipeline_dir_from_manifest(tmp_path):
