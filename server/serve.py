@@ -1,16 +1,21 @@
 """`omni-compile serve ART` and `omni-compile pipeline PRESET --out DIR`: options and the commands.
 
 Kept light at import (the CLI builds its parser from here): FastAPI, uvicorn and torch load only when a
-command runs. `serve` checks the artifact first (manifest, platform, every file's sha256) and exits 2
-with one line when it fails, before the HTTP server starts; uvicorn then handles SIGTERM/SIGINT by
+command runs. `serve` checks first that it can listen on --host:--port, then the artifact (manifest,
+platform, every file's sha256), and exits 2 with one line when one fails, before anything slow loads and
+before the HTTP server starts; uvicorn then handles SIGTERM/SIGINT by
 closing the listening socket, letting requests in flight finish, and running the lifespan's shutdown,
 which lets the engine finish what it holds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 import signal
+import socket
 from pathlib import Path
 
 from omni_compile.errors import ConfigError
@@ -67,15 +72,50 @@ def serve_config(args):
                        warmup_steps=args.warmup_steps, model_name=args.model_name)  # fmt: skip
 
 
+def check_port(host: str, port: int) -> None:
+    """Raise ConfigError now, before anything slow loads, when uvicorn could not listen on host:port (it binds only
+    after the lifespan has loaded the pipeline). Binds the way uvicorn's `loop.create_server(host=, port=)` does:
+    every address `host` resolves to, SO_REUSEADDR on POSIX (a port in TIME_WAIT is free, a listening one is
+    not), IPv6 sockets IPv6-only; then closes the sockets."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"cannot listen on {where}: --host {host!r} does not resolve ({e.strerror}); "
+                          "pass an address of this machine, such as 127.0.0.1 or 0.0.0.0") from None  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for family, kind, proto, _, address in set(infos):
+            try:
+                sock = stack.enter_context(socket.socket(family, kind, proto))
+            except OSError:  # a family this machine lacks; asyncio skips it too
+                continue
+            if os.name == "posix":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    why = "the port is already in use by another process; stop that process or pick another --port"
+                elif e.errno == errno.EACCES:
+                    why = "permission denied (ports below 1024 need privileges); pick another --port, e.g. 8000"
+                else:
+                    why = f"{e.strerror}; check --host (an address of this machine) and --port"
+                raise ConfigError(f"cannot listen on {where}: {why}") from None
+
+
 def run_serve(args, console) -> int:
+    config = serve_config(args)
+    check_port(args.host, args.port)  # before the imports below, which load torch
+
     import uvicorn
 
     from omni_compile.artifact.loader import check
-    from omni_compile.server.app import build_app
     from omni_compile.artifact.manifest import read_manifest
+    from omni_compile.server.app import build_app
     from omni_compile.server.pipeline import check_family, pipeline_dir
 
-    config = serve_config(args)
     manifest = read_manifest(Path(config.artifact))
     check_family(manifest, config.artifact)
     check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)  # platform and sha256s

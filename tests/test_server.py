@@ -325,3 +325,19 @@ def test_corrupt_artifact_refused(tiny_artifact, subprocess_env, tmp_path):
     proc = _cli("serve", str(bad), "--port", str(_free_port()), env=subprocess_env, timeout=120)
     assert proc.returncode == 2 and "manifest.json" in proc.stderr
 
+
+def test_port_in_use_refused_before_loading(tiny_artifact, subprocess_env):
+    """A port another process listens on: one line naming it and exit 2, before the pipeline loads (uvicorn
+    itself binds only after the lifespan has loaded everything)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _cli("serve", str(tiny_artifact), "--port", str(port), env=subprocess_env, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"omni-compile: error: cannot listen on 127.0.0.1:{port}: the port is already in use by another process; "
+        "stop that process or pick another --port"
+    )
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output and "serving" not in output and "pipeline loaded" not in output
