@@ -164,9 +164,23 @@ class QKNormRopePass(PatternPass):
         self.register_handler(pattern, _replace_wan, _wan_check)
 
     def apply(self, graph: torch.fx.Graph) -> int:
-        # The patterns start from `omni_compile::rms_norm`: make sure the norms are ops, whether or not the
-        # rms_norm pass is on, and put back (as native code) the ones made here that did not fuse, so
-        # turning rms_norm off still leaves no rms_norm op behind.
+        # The patterns start from `omni_compile::rms_norm`: the norms must be ops, whether or not the rms_norm
+        # pass is on. Norms made here that do not fuse would have to be put back as native code, which is
+        # another chain than the model's (new nodes, no source lines): so where this pass would make norms,
+        # it first tries on a copy of the graph and leaves the graph as it was when nothing fuses (a pass
+        # with 0 matches changes nothing).
+        rms_norm = torch.ops.omni_compile.rms_norm.default
+        trial = _copy(graph)
+        before = sum(n.target == rms_norm for n in trial.graph.nodes)
+        self._norms.apply(trial.graph)
+        self.materialize()
+        if sum(n.target == rms_norm for n in trial.graph.nodes) == before:
+            return self.patterns.apply(graph)  # no norm made: the norms pass would change nothing here
+        if self.patterns.apply(trial.graph) == 0:
+            return 0
+        return self._apply_with_norms(graph)
+
+    def _apply_with_norms(self, graph: torch.fx.Graph) -> int:
         from omni_compile.passes.lower_fused_ops import inline_native
 
         from omni_compile.ops import FUSED_OPS
@@ -174,11 +188,18 @@ class QKNormRopePass(PatternPass):
         rms_norm = torch.ops.omni_compile.rms_norm.default
         before = {n for n in graph.nodes if n.target == rms_norm}
         self._norms.apply(graph)
-        self.materialize()
         matches = self.patterns.apply(graph)
         for node in [n for n in graph.nodes if n.target == rms_norm and n not in before]:
-            inline_native(node, FUSED_OPS["rms_norm"])
+            inline_native(node, FUSED_OPS["rms_norm"])  # made here and not fused: native code again
         return matches
+
+
+def _copy(graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A copy of `graph` (node meta included) in a module of its own, to try the patterns on."""
+    copy = torch.fx.Graph()
+    out = copy.graph_copy(graph, {})
+    copy.output(out)
+    return torch.fx.GraphModule(graph.owning_module or torch.nn.Module(), copy)
 
 
 def _wan_norm(n: torch.fx.Node) -> torch.fx.Node | None:

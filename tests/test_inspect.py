@@ -5,6 +5,7 @@ Each model is compiled once per module (JIT, one small bucket); the artifact tes
 artifact and inspects it from its stored dumps through the CLI, as on a machine without the build's GPU.
 """
 
+import io
 import json
 import os
 import shutil
@@ -37,11 +38,16 @@ def _no_caches():
     return config.patch(fx_graph_cache=False)
 
 
+# Two buckets each: every region is compiled once per bucket, and each graph must be told apart.
+FLUX_BUCKETS = ["64x64", "128x128"]
+WAN_BUCKETS = ["64x64x5", "64x96x9"]
+
+
 @pytest.fixture(scope="module")
 def flux(tmp_path_factory):
     torch._dynamo.reset()
     with _no_caches():
-        report = inspect(InspectOptions(target="flux-tiny", shapes="64x64", profile=True),
+        report = inspect(InspectOptions(target="flux-tiny", shapes=",".join(FLUX_BUCKETS), profile=True),
                          tmp_path_factory.mktemp("flux"))  # fmt: skip
     torch._dynamo.reset()
     return report
@@ -51,45 +57,40 @@ def flux(tmp_path_factory):
 def wan(tmp_path_factory):
     torch._dynamo.reset()
     with _no_caches():
-        opts = InspectOptions(target="wan-tiny", shapes="64x64x5", dynamo=False)
+        opts = InspectOptions(target="wan-tiny", shapes=",".join(WAN_BUCKETS), dynamo=False)
         report = inspect(opts, tmp_path_factory.mktemp("wan"))
     torch._dynamo.reset()
     return report
 
 
-def _check_passes(report, regions):
+def _check_diffs(report):
+    """Every region, bucket and pass: the diff is non-empty exactly when the pass matched, and the dumps
+    of one graph are one pass application each (pass i's after-graph is pass i+1's before-graph)."""
+    checked = 0
+    for region in report["regions"]:
+        for g in region["graphs"]:
+            assert g["passes"] or not g["dumps"]
+            for p in g["passes"]:
+                where = (region["name"], g["buckets"], p["index"], p["name"], p["matches"])
+                assert p["changed"] == (p["diff"] != "") == (p["matches"] > 0), where
+                checked += 1
+            for p, q in zip(g["passes"], g["passes"][1:]):
+                assert p["after"] == q["before"], (region["name"], g["buckets"], p["name"], q["name"])
+    assert checked > 0
+
+
+def _check_passes(report, regions, buckets):
     names = {r["name"] for r in report["regions"]}
     assert names == set(regions)
+    assert report["buckets"] == buckets
+    _check_diffs(report)
     for region in report["regions"]:
-        assert len(region["graphs"]) == 1  # one distinct region, one bucket: one compiled graph
-        g = region["graphs"][0]
-        passes = {p["name"]: p for p in g["passes"]}
-        assert [p["name"] for p in g["passes"]] == report["passes"]["enabled"]
-        assert {n: g["matches"][n] for n in FUSION} == EXPECTED[region["name"]]
-        first_before = g["passes"][0]["before"]
-        for name, op in FUSION.items():
-            p = passes[name]
-            assert p["matches"] == g["matches"][name]
-            assert op not in first_before  # the graph before the passes has none of our ops
-            assert p["added_ops"].get(op, 0) == p["matches"]  # each match is one fused node in the after graph
-            assert p["after"].count(f"torch.ops.{op}.default(") >= p["matches"] > 0
-            assert p["changed"] and p["diff"].startswith("---")
-            assert p["sites"] and all(s["line"] > 0 and s["code"] for s in p["sites"])
-        # The attention pass resolves each call; TORCH_SDPA (all the CPU has) keeps torch's node: no match.
-        att = passes["attention"]
-        assert att["matches"] == 0 and set(v["implementation"] for v in g["attention"].values()) == {"TORCH_SDPA"}
-        assert sum(v["count"] for v in g["attention"].values()) >= 1  # resolved, and the report says so
-        assert not att["changed"] and att["diff"] == ""
-        lower = passes["lower_fused_ops"]  # on the CPU every fused op is inlined as its native body
-        assert lower["matches"] == sum(v["count"] for v in g["fused_op_implementations"].values()) > 0
-        assert lower["changed"] and not any(op in lower["after"] for op in FUSION.values())
-        for p in g["passes"]:  # the diff is non-empty exactly for the passes that rewrote the graph
-            assert p["changed"] == (p["matches"] > 0)
-        assert g["op_counts"]["before"] and g["op_kinds"]["before"]["gemm"] > 0
-        k = g["kernels"]
-        extern_categories = {e["category"] for e in k["extern"]}
-        assert {"gemm", "attention"} <= extern_categories
-        assert any(x["language"] == "cpp" and x["source"] for x in k["generated"])
+        # one distinct region: one compiled graph per bucket, named by its bucket and call
+        assert [g["buckets"] for g in region["graphs"]] == [[b] for b in buckets]
+        assert len({g["call"] for g in region["graphs"]}) == len(buckets)
+        assert all("hidden_states 1x" in g["call"] for g in region["graphs"])  # the call's inputs, named
+        for g in region["graphs"]:
+            _check_graph(report, region, g)
     summed = {}
     for region in report["regions"]:
         for g in region["graphs"]:
@@ -98,15 +99,43 @@ def _check_passes(report, regions):
     assert summed == report["passes"]["matches"]
 
 
+def _check_graph(report, region, g):
+    passes = {p["name"]: p for p in g["passes"]}
+    assert [p["name"] for p in g["passes"]] == report["passes"]["enabled"]
+    assert {n: g["matches"][n] for n in FUSION} == EXPECTED[region["name"]]
+    first_before = g["passes"][0]["before"]
+    for name, op in FUSION.items():
+        p = passes[name]
+        assert p["matches"] == g["matches"][name]
+        assert op not in first_before  # the graph before the passes has none of our ops
+        assert p["added_ops"].get(op, 0) == p["matches"]  # each match is one fused node in the after graph
+        assert p["after"].count(f"torch.ops.{op}.default(") >= p["matches"] > 0
+        assert p["changed"] and p["diff"].startswith("---")
+        assert p["sites"] and all(s["line"] > 0 and s["code"] for s in p["sites"])
+    # The attention pass resolves each call; TORCH_SDPA (all the CPU has) keeps torch's node: no match.
+    att = passes["attention"]
+    assert att["matches"] == 0 and set(v["implementation"] for v in g["attention"].values()) == {"TORCH_SDPA"}
+    assert sum(v["count"] for v in g["attention"].values()) >= 1  # resolved, and the report says so
+    assert not att["changed"] and att["diff"] == ""
+    lower = passes["lower_fused_ops"]  # on the CPU every fused op is inlined as its native body
+    assert lower["matches"] == sum(v["count"] for v in g["fused_op_implementations"].values()) > 0
+    assert lower["changed"] and not any(op in lower["after"] for op in FUSION.values())
+    assert g["op_counts"]["before"] and g["op_kinds"]["before"]["gemm"] > 0
+    k = g["kernels"]
+    extern_categories = {e["category"] for e in k["extern"]}
+    assert {"gemm", "attention"} <= extern_categories
+    assert any(x["language"] == "cpp" and x["source"] for x in k["generated"])
+
+
 @pytest.mark.compile
 def test_flux_passes_and_kernels(flux):
-    _check_passes(flux, ["FluxTransformerBlock", "FluxSingleTransformerBlock"])
+    _check_passes(flux, ["FluxTransformerBlock", "FluxSingleTransformerBlock"], FLUX_BUCKETS)
     assert flux["regions"][0]["instances"] == ["transformer_blocks.0", "transformer_blocks.1"]
 
 
 @pytest.mark.compile
 def test_wan_passes_and_kernels(wan):
-    _check_passes(wan, ["WanTransformerBlock"])
+    _check_passes(wan, ["WanTransformerBlock"], WAN_BUCKETS)
     assert wan["dynamo"] is None and wan["profile"] is None
 
 
@@ -115,9 +144,11 @@ def test_flux_dynamo_view(flux):
     d = flux["dynamo"]
     assert d["available"]
     for item in d["regions"]:
-        assert item["compiles"] == 1 and item["recompile_reasons"] == []
+        # one compile per bucket; the second bucket's is a recompile for its shapes
+        assert item["compiles"] == len(FLUX_BUCKETS) and len(item["recompile_reasons"]) == len(FLUX_BUCKETS) - 1
         assert item["explain"]["graph_count"] == 1 and item["explain"]["graph_break_count"] == 0
-        assert len(item["entry_points"]) == 1 and "def " in item["entry_points"][0]["decompiled"]
+        assert len(item["entry_points"]) == len(FLUX_BUCKETS)
+        assert all("def " in e["decompiled"] for e in item["entry_points"])
 
 
 @pytest.mark.compile
@@ -141,7 +172,7 @@ def cli(*args, env, timeout=900):
 def artifact_inspection(tmp_path_factory, subprocess_env):
     root = tmp_path_factory.mktemp("art")
     art, out = root / "flux", root / "inspect"
-    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--out", str(art), "-q", env=subprocess_env)
+    proc = cli("build", "flux-tiny", "--shapes", ",".join(FLUX_BUCKETS), "--out", str(art), "-q", env=subprocess_env)
     assert proc.returncode == 0, proc.stderr
     # Inspect from the stored dumps only: no compile, no device (what another machine does).
     proc = cli("inspect", str(art), "--out", str(out), "--html", str(out / "report.html"), "--json",
@@ -155,6 +186,8 @@ def artifact_inspection(tmp_path_factory, subprocess_env):
 def test_artifact_matches_equal_build_report(artifact_inspection):
     art, out, report = artifact_inspection
     assert report["target"]["kind"] == "artifact"
+    assert report["buckets"] == FLUX_BUCKETS
+    _check_diffs(report)
     build = json.loads((art / "report" / "build_report.json").read_text())
     per_file = {(f["region"], Path(f["file"]).stem): f["passes"] for f in build["files"]}
     total = {}
@@ -189,6 +222,95 @@ def test_reports_validate_against_the_schema(flux, wan, artifact_inspection):
     bad["regions"][0]["graphs"][0]["passes"][0].pop("diff")
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema, cls=jsonschema.Draft202012Validator)
+
+
+@pytest.mark.compile
+def test_rows_name_their_bucket_and_call(flux, wan, artifact_inspection):
+    """Each row of the region and pass tables (terminal and HTML) says which compiled graph it is: with two
+    buckets a region has two graphs, which must not read as two identical rows."""
+    from rich.console import Console
+
+    from omni_compile.inspect.html import render
+    from omni_compile.inspect.report import pass_rows, print_summary, region_rows
+
+    for report in (flux, wan, artifact_inspection[2]):
+        rows = region_rows(report)
+        assert all(r["buckets"] and "?" not in r["buckets"] for r in rows)
+        assert len({(r["region"], r["buckets"], r["call"]) for r in rows}) == len(rows)
+        assert all(r["call"] for r in rows if r["kind"] == "block")
+        passes = pass_rows(report)
+        assert len({(r["region"], r["buckets"], r["key"], r["pass"]) for r in passes}) == len(passes)
+        console = Console(width=1000, record=True, file=io.StringIO())
+        print_summary(console, report)
+        lines = [line for line in console.export_text().splitlines() if line.startswith("│")]
+        assert len(lines) == len(rows) + len(passes)  # one line per row (nothing folds at this width) ...
+        assert len(set(lines)) == len(lines)  # ... and no two rows read the same
+        html = render(report)
+        for region in report["regions"]:
+            for g in region["graphs"]:
+                assert f"{region['name']} @ {', '.join(g['buckets'])} <span" in html
+
+
+@pytest.mark.compile
+def test_out_holds_only_this_runs_files(flux, tmp_path):
+    """`--out DIR` over an earlier run's DIR: no dump, diff or output code of that run is left beside this
+    run's (another pass order leaves other `{i}.{pass}` names)."""
+    from omni_compile.inspect.report import write_out
+
+    region = flux["regions"][0]
+    g = region["graphs"][0]
+    d = tmp_path / "regions" / region["name"] / g["key"]
+    d.mkdir(parents=True)
+    (d / "0.gated_residual.diff").write_text("+ stale\n")
+    (d / "9.rms_norm.after.py").write_text("stale")
+    (d / "output_code.9.py").write_text("stale")
+    (d / "notes.txt").write_text("the user's own file")
+    write_out(flux, tmp_path)
+    expected = {f.name for f in Path(g["dump_dir"]).iterdir() if f.is_file()}
+    expected |= {f"{p['index']}.{p['name']}.diff" for p in g["passes"]} | {"matches.txt", "notes.txt"}
+    assert {f.name for f in d.iterdir() if f.is_file()} == expected
+
+
+class _NormProj(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(32, eps=1e-6)
+        self.proj = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.proj(self.norm(x))
+
+
+class _NormProjModel(torch.nn.Module):
+    _repeated_blocks = ["_NormProj"]
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_NormProj(), _NormProj()])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("switches", [[], ["-rms_norm"]])
+def test_a_pass_that_matched_nothing_changed_nothing(switches, tmp_path, fresh_dynamo, no_inductor_cache):
+    """Each pass's dump pair is one application of it, and a pass with 0 matches leaves the graph as it was.
+    An RMSNorm with no rotary embedding after it: rms_norm fuses it (when on), qk_norm_rope has nothing to fuse."""
+    import omni_compile
+    from omni_compile.compiler import compile_state
+    from omni_compile.inspect.graphs import read_graph_dumps
+
+    model = _NormProjModel()
+    omni_compile.compile(model, omni_compile.CompileConfig(passes=switches, dump_dir=str(tmp_path)))
+    with torch.no_grad():
+        model(torch.randn(2, 8, 32))
+    (rec,) = compile_state(model).records
+    passes = read_graph_dumps(tmp_path / rec.region / rec.graph_hash[:12], rec.passes)["passes"]
+    assert [p["name"] for p in passes] == list(rec.passes) and rec.passes["qk_norm_rope"] == 0
+    _check_diffs({"regions": [{"name": rec.region, "graphs": [{"buckets": ["-"], "dumps": True, "passes": passes}]}]})
 
 
 def _chromium():

@@ -23,7 +23,7 @@ import torch
 import omni_compile
 from omni_compile.config import CompileConfig, dtype_name
 from omni_compile.errors import ConfigError
-from omni_compile.inspect.graphs import read_graph_dumps
+from omni_compile.inspect.graphs import dynamo_call, read_graph_dumps
 from omni_compile.inspect.kernels import read_kernels
 from omni_compile.inspect.record import capture_output_code
 
@@ -62,18 +62,23 @@ def inspect(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None) -> d
     return inspect_model(opts, workdir, on_stage)
 
 
-def _graph_entry(directory: Path, key: str, graph_hash: str, buckets: list[str], matches, resolutions, attention):
+def _graph_entry(directory: Path, key: str, graph_hash: str, buckets: list[str], call: str | None, matches,
+                 resolutions, attention):  # fmt: skip
+    """One compiled graph. `call` says what it was compiled for (the artifact's call description); None
+    for a model target: the call's inputs as Dynamo captured them."""
     present = directory.is_dir()  # not for a file an artifact build took from a store: its passes ran elsewhere
+    dumps = read_graph_dumps(directory, matches)
     return {
         "key": key,
         "graph_hash": graph_hash,
         "buckets": buckets,
+        "call": dynamo_call(dumps["dynamo_graph"]) if call is None else call,
         "dump_dir": str(directory),
         "matches": matches,
         "dumps": present,
         "fused_op_implementations": resolutions or {},
         "attention": attention or {},
-        **read_graph_dumps(directory, matches),
+        **dumps,
         "kernels": read_kernels(directory),
     }
 
@@ -99,8 +104,9 @@ def inspect_artifact(root: Path) -> dict[str, Any]:
         graphs = []
         for sig, item in by_sig.items():
             e, extra = item["entry"], files.get(item["entry"]["file"], {})
-            graphs.append(_graph_entry(dumps / r["name"] / sig, sig, e["graph_hash"], item["buckets"], e["passes"],
-                                       extra.get("fused_op_implementations"), extra.get("attention")))  # fmt: skip
+            graphs.append(_graph_entry(dumps / r["name"] / sig, sig, e["graph_hash"], item["buckets"],
+                                       e.get("call", ""), e["passes"], extra.get("fused_op_implementations"),
+                                       extra.get("attention")))  # fmt: skip
         regions.append({"name": r["name"], "kind": r["kind"], "class": r["class"], "instances": r["instances"],
                         "graphs": graphs})  # fmt: skip
     b = manifest["build"]
@@ -215,7 +221,7 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
                 continue
             key = rec.graph_hash[:12]
             graphs.append(_graph_entry(root / region.name / key, key, rec.graph_hash, [graph_buckets.get(i, "?")],
-                                       rec.passes, rec.resolutions, rec.attention))  # fmt: skip
+                                       None, rec.passes, rec.resolutions, rec.attention))  # fmt: skip
         cls = f"{region.cls.__module__}.{region.cls.__qualname__}"
         regions.append({"name": region.name, "kind": "block", "class": cls, "instances": region.paths,
                         "graphs": graphs})  # fmt: skip

@@ -20,6 +20,8 @@ _OP = re.compile(r"torch\.ops\.(\w+)\.(\w+)(?:\.(\w+))?\(")
 _CALL = re.compile(r"^([\w.]+)\(")
 _FILE = re.compile(r"^\s+# File: (.+?):(\d+) in (\S+), code: (.*)$")
 _DUMP = re.compile(r"^(\d+)\.(\w+)\.(before|after)\.py$")
+_FORWARD = re.compile(r"^\s*def forward\(self, (.*)\):?\s*$", re.MULTILINE)
+_INPUT = re.compile(r'(\w+): "\w+\[([^\]]*)\]')
 
 # Ops our passes produce (namespace `omni_compile`) and Inductor's user-kernel wrappers.
 FUSED_NAMESPACE = "omni_compile"
@@ -58,6 +60,22 @@ def _op_name(rhs: str) -> str | None:
     if m and not rhs.startswith(("self.", "getattr")):
         return m.group(1)  # e.g. operator.getitem, torch._higher_order_ops...
     return None
+
+
+def dynamo_call(text: str | None) -> str:
+    """'temb 1x32, hidden_states 1x64x32, ...': the region call's own tensor inputs (name and shape) in the
+    readable text of the graph Dynamo captured, i.e. its placeholders less the module's parameters and
+    buffers (`L_self_...`); "" without the text."""
+    m = _FORWARD.search(text or "")
+    if m is None:
+        return ""
+    parts = []
+    for name, shape in _INPUT.findall(m.group(1)):
+        if name.startswith("L_self_"):
+            continue
+        name = name.removeprefix("L_").removesuffix("_")
+        parts.append(f"{name} {'x'.join(d.strip() for d in shape.split(',')) or 'scalar'}")
+    return ", ".join(parts)
 
 
 def op_counts(text: str) -> dict[str, int]:

@@ -76,10 +76,11 @@ def _anchor(*parts: str) -> str:
 
 def _graph_section(region: dict, g: dict) -> tuple[str, list[str]]:
     gid = _anchor(region["name"], g["key"])
-    nav = [f'<a class=l2 href="#{gid}">{escape(g["key"])}</a>']
-    parts = [f'<h3 id="{gid}">{escape(region["name"])} / {escape(g["key"])}</h3>',
-             f"<p>graph hash <code>{escape(g['graph_hash'])}</code>; "
-             f"buckets {escape(', '.join(g['buckets']))}</p>"]  # fmt: skip
+    buckets = escape(", ".join(g["buckets"]))
+    nav = [f'<a class=l2 href="#{gid}">{buckets} <span class=muted>{escape(g["key"][:12])}</span></a>']
+    parts = [f'<h3 id="{gid}">{escape(region["name"])} @ {buckets} <span class=muted>({escape(g["key"])})</span></h3>',
+             f"<p>buckets {buckets}; call <code>{escape(g['call'] or '-')}</code>; "
+             f"graph hash <code>{escape(g['graph_hash'])}</code></p>"]  # fmt: skip
     kinds = sorted(set(g["op_kinds"]["before"]) | set(g["op_kinds"]["after"]))
     parts.append(_table(["op kind", "before passes", "after passes"],
                         [[escape(k), g["op_kinds"]["before"].get(k, 0), g["op_kinds"]["after"].get(k, 0)]
@@ -140,11 +141,12 @@ def render(report: dict) -> str:
     rows = []
     for r in region_rows(report):
         link = f'<a href="#{_anchor(r["region"], r["key"])}">{escape(r["region"])}</a>'
-        rows.append([link, r["kind"], r["instances"], f"<code>{r['graph_hash']}</code>", escape(r["buckets"]),
-                     r["ops_before"], r["ops_after"], escape(r["matches"]), r["kernels"]])  # fmt: skip
-    body.append(_table(["region", "kind", "instances", "graph hash", "buckets", "ops before", "ops after",
+        rows.append([link, escape(r["buckets"]), f"<code>{escape(r['call'] or '-')}</code>", r["kind"],
+                     r["instances"], f"<code>{r['graph_hash']}</code>", r["ops_before"], r["ops_after"],
+                     escape(r["matches"]), r["kernels"]])  # fmt: skip
+    body.append(_table(["region", "buckets", "call", "kind", "instances", "graph hash", "ops before", "ops after",
                         "pass matches", "kernel calls"], rows, table_id="regions-table",
-                       numeric=(2, 5, 6, 8)))  # fmt: skip
+                       numeric=(4, 6, 7, 9)))  # fmt: skip
     attn = [[escape(role), escape(v["implementation"]), v["count"], escape(v["reason"])]
             for role, v in (report.get("attention") or {}).items()]  # fmt: skip
     if attn:

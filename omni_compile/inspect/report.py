@@ -17,25 +17,51 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 from omni_compile.inspect.categories import CATEGORIES, LABELS
 
+# What write_out puts in a graph's directory: a file of an earlier run there (another pass order, more
+# output code) would read as this run's.
+_WRITTEN = re.compile(r"^(\d+\.\w+\.(before\.py|after\.py|diff)|output_code\.\d+\.\w+|matches\.txt|dynamo_graph\.py)$")
+
 
 def region_rows(report: dict) -> list[dict]:
-    """One row per distinct region: instances, graphs, hash, op counts, matches, kernels."""
+    """One row per compiled graph of each region (one per bucket or call): its buckets and call, instances,
+    hash, op counts, matches, kernels."""
     rows = []
     for r in report["regions"]:
         for g in r["graphs"]:
             rows.append({
                 "region": r["name"], "kind": r["kind"], "instances": len(r["instances"]), "key": g["key"],
-                "graph_hash": g["graph_hash"][:12], "buckets": ", ".join(g["buckets"]),
+                "graph_hash": g["graph_hash"][:12], "buckets": ", ".join(g["buckets"]), "call": g["call"],
                 "ops_before": sum(g["op_counts"]["before"].values()),
                 "ops_after": sum(g["op_counts"]["after"].values()),
                 "matches": ", ".join(f"{k}={v}" for k, v in (g["matches"] or {}).items() if v) or "-",
                 "kernels": sum(g["kernels"]["calls_by_category"].values()),
             })  # fmt: skip
+    return rows
+
+
+def pass_rows(report: dict) -> list[dict]:
+    """One row per pass on each compiled graph: the graph ('REGION @ BUCKETS', with its key where the region
+    has another graph for the same buckets), matches, diff lines, added ops, first model source line replaced."""
+    rows = []
+    for r in report["regions"]:
+        seen = [", ".join(g["buckets"]) for g in r["graphs"]]
+        for g in r["graphs"]:
+            buckets = ", ".join(g["buckets"])
+            graph = f"{r['name']} @ {buckets}" + (f" ({g['key'][:12]})" if seen.count(buckets) > 1 else "")
+            for p in g["passes"]:
+                site = p["sites"][0] if p["sites"] else None
+                where = f"{Path(site['file']).name}:{site['line']} {site['code'][:40]}" if site else "-"
+                added = ", ".join(f"{k.split('.', 1)[1]} x{v}" for k, v in p["added_ops"].items()
+                                  if k.startswith("omni_compile"))  # fmt: skip
+                rows.append({"graph": graph, "region": r["name"], "buckets": buckets, "key": g["key"],
+                             "pass": p["name"], "matches": p["matches"], "diff_lines": p["diff"].count("\n"),
+                             "added": added or "-", "where": where})  # fmt: skip
     return rows
 
 
@@ -71,25 +97,19 @@ def print_summary(console, report: dict) -> None:
 
     t = Table(title=f"omni-compile inspect: {report['model']['source']} ({report['dtype']}, {report['device']}), "
               f"{report['target']['kind']}")  # fmt: skip
-    cols = ("region", "instances", "graph", "buckets", "ops before", "ops after", "pass matches", "kernel calls")
+    cols = ("region", "buckets", "graph", "instances", "ops before", "ops after", "pass matches", "kernel calls")
     for col in cols:
         numeric = col in ("instances", "ops before", "ops after", "kernel calls")
         t.add_column(col, justify="right" if numeric else "left")
     for row in region_rows(report):
-        t.add_row(row["region"], str(row["instances"]), row["graph_hash"], row["buckets"], str(row["ops_before"]),
+        t.add_row(row["region"], row["buckets"], row["key"], str(row["instances"]), str(row["ops_before"]),
                   str(row["ops_after"]), row["matches"], str(row["kernels"]))  # fmt: skip
     console.print(t)
     m = Table(title="pass matches and where they came from (first site per pass)")
-    for col in ("region", "pass", "matches", "diff lines", "added ops", "first model source line"):
+    for col in ("graph", "pass", "matches", "diff lines", "added ops", "first model source line"):
         m.add_column(col, overflow="fold")
-    for r in report["regions"]:
-        for g in r["graphs"]:
-            for p in g["passes"]:
-                site = p["sites"][0] if p["sites"] else None
-                where = f"{Path(site['file']).name}:{site['line']} {site['code'][:40]}" if site else "-"
-                added = ", ".join(f"{k.split('.', 1)[1]} x{v}" for k, v in p["added_ops"].items()
-                                  if k.startswith("omni_compile"))  # fmt: skip
-                m.add_row(r["name"], p["name"], str(p["matches"]), str(p["diff"].count("\n")), added or "-", where)
+    for row in pass_rows(report):
+        m.add_row(row["graph"], row["pass"], str(row["matches"]), str(row["diff_lines"]), row["added"], row["where"])
     console.print(m)
     for role, res in (report.get("attention") or {}).items():
         console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
@@ -118,7 +138,10 @@ def write_out(report: dict, out: Path) -> None:
             d.mkdir(parents=True, exist_ok=True)
             src = Path(g["dump_dir"])
             if src.resolve() != d.resolve():
-                for f in src.iterdir():
+                for f in d.iterdir():
+                    if f.is_file() and _WRITTEN.match(f.name):
+                        f.unlink()
+                for f in src.iterdir() if src.is_dir() else []:
                     if f.is_file():
                         shutil.copyfile(f, d / f.name)
             for p in g["passes"]:
