@@ -17,6 +17,7 @@ from omni_compile.models.base import ModelAdapter
 
 class GenericAdapter(ModelAdapter):
     family = "generic"
+    default_text_len = None  # the example-input function picks its own text length
 
     def __init__(self, cls: type[nn.Module], inputs_fn: Callable | None = None):
         if not getattr(cls, "_repeated_blocks", None):

@@ -35,6 +35,23 @@ def import_object(ref: str, what: str) -> Any:
     return obj
 
 
+def check_config_keys(cls: type, config: dict[str, Any], what: str) -> None:
+    """Refuse keys of `config` that `cls.__init__` does not take (diffusers would warn and drop them, and
+    the build would run for minutes on a config the user did not mean)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = sorted(k for k in params if k != "self")
+    unknown = sorted(k for k in config if k not in params or k == "self")
+    if unknown:
+        raise ConfigError(
+            f"{what}: {cls.__name__} takes no config key(s) {', '.join(map(repr, unknown))}; "
+            f"its keys are {', '.join(known)}"
+        )
+
+
 def resolve_model(
     model: str | None,
     *,
@@ -46,6 +63,7 @@ def resolve_model(
     inputs_fn = import_object(example_inputs, "--example-inputs") if example_inputs else None
     if model in PRESETS:
         p = PRESETS[model]
+        check_config_keys(ADAPTERS[p.family].model_class(), model_config or {}, "--model-config")
         config = {**p.config, **(model_config or {})}
         return ModelSpec(
             source=f"preset:{p.name}",
@@ -59,6 +77,11 @@ def resolve_model(
         )
     path = Path(model)
     if path.exists():
+        if model_config:
+            raise ConfigError(
+                f"--model-config applies to presets and module:Class; the directory {path} has its own config.json "
+                "(edit that, or build module:Class with --model-config)"
+            )
         return _local_directory(path, inputs_fn)
     if ":" in model:
         return _model_class(model, inputs_fn, model_config or {})
@@ -72,6 +95,7 @@ def _model_class(ref: str, inputs_fn, config: dict[str, Any]) -> ModelSpec:
     cls = import_object(ref, "model class")
     if not isinstance(cls, type):
         raise ConfigError(f"{ref!r} is not a class")
+    check_config_keys(cls, config, "--model-config")
     family = ADAPTER_BY_CLASS.get(cls.__name__)
     adapter = ADAPTERS[family] if family else GenericAdapter(cls, inputs_fn)
     return ModelSpec(source=ref, adapter=adapter, config=config, weights="random")

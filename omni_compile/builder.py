@@ -96,8 +96,9 @@ def resolve_build(opts: BuildOptions):
     switches, pass options and kernel choices (a kernel asked for by name must be able to run on this
     platform) are checked here, before any slow work."""
     spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
-    dtype = parse_dtype(opts.dtype or spec.default_dtype)
     device = _resolve_device(opts.device, spec.default_device)
+    # A model with no preset: bf16 on an accelerator, fp32 on the CPU (where bf16 is slow and rarely meant).
+    dtype = parse_dtype(opts.dtype or spec.default_dtype or ("fp32" if torch.device(device).type == "cpu" else "bf16"))
     shapes = opts.shapes or spec.default_shapes
     if not shapes:
         raise ConfigError(f"{spec.source} has no default shapes; pass --shapes (e.g. 1024x1024)")

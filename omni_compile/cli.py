@@ -116,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check an artifact here (platform, checksums, weights) and run one step against eager")
     v.add_argument("artifact", help="an artifact directory written by `omni-compile build`")
+    v.add_argument("--weights", metavar="DIR", help="the model's diffusers directory (needed when the artifact was "
+                   "built from a directory; default: the artifact's seeded random weights)")
+    v.add_argument("--example-inputs", metavar="MODULE:FN", help="for a model with no adapter: the example-input "
+                   "function (default: the one the build recorded)")
     v.add_argument("--device", help="device to load on (default: the one it was built for)")
     v.add_argument("--jit-fallback", action="store_true", help="on a platform mismatch, compile here instead of refusing")
     v.add_argument("--no-cuda-graphs", action="store_true", help="run the parity step without CUDA graphs")
@@ -273,8 +277,8 @@ def _cmd_cache(args, console) -> int:
 def _cmd_verify(args, console) -> int:
     from omni_compile.artifact.loader import verify
 
-    result = verify(args.artifact, device=args.device, jit_fallback=args.jit_fallback,
-                    cuda_graphs=False if args.no_cuda_graphs else None)  # fmt: skip
+    result = verify(args.artifact, weights=args.weights, example_inputs=args.example_inputs, device=args.device,
+                    jit_fallback=args.jit_fallback, cuda_graphs=False if args.no_cuda_graphs else None)  # fmt: skip
     if args.json:
         print(json.dumps(result, indent=2))
     else:

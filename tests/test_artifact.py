@@ -207,6 +207,35 @@ def test_weights_with_a_wrong_shape_are_refused(artifacts):
         omni_compile.load(artifacts["flux-tiny"], weights=model.to(torch.bfloat16))
 
 
+def test_a_model_of_another_config_is_refused_naming_the_field(artifacts, tmp_path):
+    """Same tensor shapes, another rotary split: the compiled regions would run and be wrong (rel L2 ~3e-2
+    before this check), so the load refuses, naming the field and both values; verify does too."""
+    import omni_compile
+    from omni_compile.artifact.loader import verify
+    from omni_compile.models import resolve_model
+
+    model = resolve_model("flux-tiny", model_config={"axes_dims_rope": [2, 6, 8]}).load(dtype=torch.float32,
+                                                                                          device="cpu")  # fmt: skip
+    message = re.escape("axes_dims_rope: artifact [4, 6, 6], model [2, 6, 8]")
+    with pytest.raises(omni_compile.ArtifactError, match=message):
+        omni_compile.load(artifacts["flux-tiny"], weights=model)
+    with pytest.raises(omni_compile.ArtifactError, match=message):
+        verify(artifacts["flux-tiny"], weights=model)
+    model.save_pretrained(tmp_path / "other")
+    with pytest.raises(omni_compile.ArtifactError, match=message):
+        omni_compile.load(artifacts["flux-tiny"], weights=tmp_path / "other")
+
+
+def test_an_artifact_of_an_older_calling_convention_is_refused(artifacts, tmp_path):
+    import omni_compile
+
+    art, m = _copy(artifacts, tmp_path)
+    del m["build"]["region_call"]
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(omni_compile.ArtifactError, match="built by an older omni-compile\\); rebuild it"):
+        omni_compile.load(art)
+
+
 def test_unknown_bucket_is_refused_with_the_supported_list(artifacts):
     import omni_compile
     from omni_compile.config import ShapeBucket

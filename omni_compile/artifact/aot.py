@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -167,15 +168,39 @@ def module_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-class _Functional(nn.Module):
-    """`module` with its parameters and buffers as inputs. The module is held, not registered, so the
-    exported program owns no weights: every instance's tensors come in as arguments."""
+# How a compiled region is called: (state, tensors), the instance's parameters and buffers by name and
+# the tensor leaves of the call in `call_leaves` order. The call's other values (ints, flags, a
+# torch.dtype or torch.device a glue module takes, None) are constants of the compiled file: the call
+# key holds each one's value, so a call with other values has another key and another file.
+REGION_CALL = "state+tensor-leaves"
 
-    def __init__(self, module: nn.Module):
+
+def call_leaves(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The leaves of one call (kwargs in sorted order, as `call_key` takes them) and their tree spec."""
+    return pytree.tree_flatten((tuple(args), dict(sorted(kwargs.items()))))
+
+
+def tensor_leaves(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """What a compiled region takes after the state: the call's tensors, in `call_leaves` order."""
+    return [x for x in call_leaves(args, kwargs)[0] if isinstance(x, torch.Tensor)]
+
+
+class _Functional(nn.Module):
+    """`module` with its parameters and buffers as inputs and the call's tensors as the other input,
+    the example call's non-tensor values fixed (see REGION_CALL). The module is held, not registered,
+    so the exported program owns no weights: every instance's tensors come in as arguments."""
+
+    def __init__(self, module: nn.Module, example: tuple[tuple, dict]):
         super().__init__()
         object.__setattr__(self, "_target", module)
+        leaves, self._spec = call_leaves(*example)
+        self._constants = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+        self._is_tensor = [isinstance(x, torch.Tensor) for x in leaves]
 
-    def forward(self, state, args, kwargs):
+    def forward(self, state, tensors):
+        given = iter(tensors)
+        leaves = [next(given) if t else c for t, c in zip(self._is_tensor, self._constants)]
+        args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         return torch.func.functional_call(self._target, state, args, kwargs, strict=True)
 
 
@@ -208,6 +233,7 @@ class CompiledFile:
     pytree: dict[str, str] | None = None  # inductor-standalone: the call's input and output tree specs
     identity: str | None = None  # the graph identity in the cache key: "trace:SHA" (graphs.trace) or "export:SHA"
     parity: dict | None = None  # from a store: the publishing build's parity check, per bucket
+    notes: list[str] = field(default_factory=list)  # what Inductor warned about while compiling (CompileNotes)
 
 
 def export_region(module: nn.Module, example: tuple[tuple, dict]):
@@ -215,9 +241,9 @@ def export_region(module: nn.Module, example: tuple[tuple, dict]):
     from omni_compile import counters
 
     counters.region_exports += 1
-    args, kwargs = example
     with torch.no_grad():
-        ep = torch.export.export(_Functional(module), (module_state(module), args, kwargs), strict=False)
+        ep = torch.export.export(_Functional(module, example), (module_state(module), tensor_leaves(*example)),
+                                 strict=False)  # fmt: skip
     return ep, hashlib.sha256(ep.graph_module.code.encode()).hexdigest()
 
 
@@ -243,13 +269,13 @@ def compile_package(
     log = PassLog(label=label)
     path.parent.mkdir(parents=True, exist_ok=True)
     specs = None
-    with pass_manager.recording(log):
+    with pass_manager.recording(log), CompileNotes() as notes:
         if fmt == "aoti-package":
             torch._inductor.aoti_compile_and_package(
                 ep, package_path=str(path), inductor_configs={"post_grad_custom_post_pass": pass_manager}
             )
         else:
-            specs = _standalone(ep, (module_state(module), *example), path, pass_manager)
+            specs = _standalone(ep, (module_state(module), tensor_leaves(*example)), path, pass_manager)
     counters.aot_compiles += 1
     return CompiledFile(
         file=str(path),
@@ -260,7 +286,53 @@ def compile_package(
         resolutions=log.resolutions,
         attention=log.attention,
         pytree=specs,
+        notes=notes.lines(),
     )
+
+
+class CompileNotes:
+    """What Inductor says while compiling one file, collected instead of printed over the progress display.
+
+    Dropped: torch's own FutureWarning about `LeafSpec` (raised by pickling its tree specs, nothing a user
+    can act on). Kept as notes, one line each, in the build report and on request in the log: the ops
+    AOTInductor runs through its proxy executor for want of a C shim (one W-level log line per use
+    otherwise), and every other warning (e.g. Inductor falling back to eager for complex operators)."""
+
+    _SHIM = re.compile(r"(\S+) is missing a c-shim implementation")
+
+    def __init__(self):
+        self.shim_fallbacks: list[str] = []
+        self.warnings: list[str] = []
+        self._catch = warnings.catch_warnings(record=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = self._SHIM.search(record.getMessage())
+        if m is None:
+            return True
+        if m.group(1) not in self.shim_fallbacks:
+            self.shim_fallbacks.append(m.group(1))
+        return False
+
+    def __enter__(self):
+        self._caught = self._catch.__enter__()
+        warnings.simplefilter("always")
+        logging.getLogger("torch._inductor.ir").addFilter(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("torch._inductor.ir").removeFilter(self)
+        self._catch.__exit__(*exc)
+        for w in self._caught:
+            text = f"{w.category.__name__}: {w.message}"
+            if "LeafSpec" not in text and text not in self.warnings:
+                self.warnings.append(text)
+        return False
+
+    def lines(self) -> list[str]:
+        out = list(self.warnings)
+        if self.shim_fallbacks:
+            out.append("no C shim, run through the proxy executor: " + ", ".join(self.shim_fallbacks))
+        return out
 
 
 def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager) -> dict[str, str]:
@@ -277,13 +349,10 @@ def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager) -> di
     out_spec = gm.graph._codegen.pytree_info.out_spec
     gm.graph._codegen = torch.fx.graph.CodeGen()  # flat inputs in, the flat output tuple out
     gm.recompile()
-    state, args, kwargs = example
-    flat, in_spec = pytree.tree_flatten(((state, args, kwargs), {}))
+    flat, in_spec = pytree.tree_flatten((example, {}))
     # A fresh Inductor cache: a hit in the machine's own cache would skip our passes (and their match
     # log); the artifact carries everything it needs, so nothing of that cache is wanted.
-    with fresh_cache(), warnings.catch_warnings():
-        # torch's own pickling of its tree specs inside the cache entry warns about a deprecated check
-        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+    with fresh_cache():
         art = torch._inductor.standalone_compile(
             gm, flat, dynamic_shapes="from_example_inputs",
             options={"config_patches": {"post_grad_custom_post_pass": pass_manager}},
@@ -293,7 +362,7 @@ def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager) -> di
 
 
 class StandaloneRunner:
-    """Calls a loaded `inductor-standalone` file as a package runner is called: (state, args, kwargs)."""
+    """Calls a loaded `inductor-standalone` file as a package runner is called: (state, tensors)."""
 
     def __init__(self, artifact, specs: dict[str, str]):
         self.artifact = artifact
@@ -301,8 +370,8 @@ class StandaloneRunner:
         self.out_spec = pytree.treespec_loads(specs["out"])
         self._checked = False
 
-    def __call__(self, state, args, kwargs):
-        flat, spec = pytree.tree_flatten(((state, args, kwargs), {}))
+    def __call__(self, state, tensors):
+        flat, spec = pytree.tree_flatten(((state, tensors), {}))
         if not self._checked:  # once: the instance's state names and the call's structure are the build's
             if spec != self.in_spec:
                 raise RuntimeError(f"call structure differs from the compiled one: {spec} vs {self.in_spec}")

@@ -21,7 +21,7 @@ import torch
 
 import omni_compile
 from omni_compile.artifact import aot
-from omni_compile.artifact.manifest import MANIFEST, SCHEMA, platform_record, weights_summary
+from omni_compile.artifact.manifest import MANIFEST, SCHEMA, model_config, platform_record, weights_summary
 from omni_compile.config import dtype_name
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs import find_regions
@@ -97,6 +97,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
         jobs = [(t, sig) for t in targets for sig in recorder.records[t.name].examples]
         compiled: dict[tuple[str, str], aot.CompiledFile] = {}
         to_publish = []  # published to the store only once the artifact has passed its checks
+        warned: set[str] = set()  # each distinct compiler warning is shown once per build
         for i, (t, sig) in enumerate(jobs, 1):
             rec = recorder.records[t.name]
             module = dict(t.instances)[rec.instances[sig][0]]
@@ -122,6 +123,13 @@ def build_artifact(opts, events) -> dict[str, Any]:
                     with inspect_recording(tmp / REPORT_DIR / "inspect"):  # dumps for omni-compile inspect
                         cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported, fmt=fmt)
                     to_publish.append((key, tmp / rel, _entry_meta(cf, label, identity)))
+                    fired = ", ".join(f"{k}={n}" for k, n in cf.passes.items() if n) or "no pass matched"
+                    events.on_stage(f"  compiled in {cf.seconds:.1f}s: {fired}")
+                    for note in cf.notes:
+                        logger.info("%s: %s", label, note)
+                        if not note.startswith("no C shim") and note not in warned:
+                            warned.add(note)
+                            events.on_warning(f"while compiling {t.name}: {note}")
                 cf.cache_key = key
                 cf.identity = identity
             except Exception as e:
@@ -298,7 +306,9 @@ def _weights_reference(spec, opts) -> dict[str, Any]:
 
 
 def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets, fmt) -> dict[str, Any]:
-    config_json = json.dumps(spec.config, sort_keys=True, default=str)
+    # The instantiated model's whole config (defaults included): what a load compares field by field.
+    config = model_config(model)
+    config_json = json.dumps(spec.config if config is None else config, sort_keys=True, default=str)
     regions = []
     matches: dict[str, int] = {}
     resolutions: dict[str, dict] = {}
@@ -353,10 +363,13 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
         "build": {
             "mode": "aot",
             "format": fmt,
+            "region_call": aot.REGION_CALL,
             "dtype": dtype_name(dtype),
             "device": device,
             "buckets": [str(b) for b in buckets],
             "text_len": opts.text_len or spec.text_len or spec.adapter.default_text_len,
+            "seed": opts.seed,  # of the random weights and the example inputs
+            "example_inputs": opts.example_inputs,  # module:function for a model with no adapter (verify uses it)
             "compile_config": aot.json_safe(opts.compile.to_json()),
             "compile_config_hash": opts.compile.compute_hash(),
         },
@@ -388,6 +401,7 @@ def _report(manifest: dict[str, Any], compiled: dict) -> dict[str, Any]:
                 "passes": cf.passes,
                 "fused_op_implementations": cf.resolutions,
                 "attention": cf.attention,
+                "notes": cf.notes,
             }
             for (name, sig), cf in compiled.items()
         ],

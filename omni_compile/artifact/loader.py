@@ -26,6 +26,7 @@ from omni_compile.artifact import aot
 from omni_compile.artifact.manifest import (
     ArtifactError,
     artifact_files,
+    config_differences,
     platform_differences,
     read_manifest,
     verify_files,
@@ -59,7 +60,7 @@ class RegionDispatch:
                 "with the shape added to --shapes (or load with jit_fallback=True)"
             )
         self.stats["compiled_calls"] = self.stats.get("compiled_calls", 0) + 1
-        return runner(self.state, args, kwargs)
+        return runner(self.state, aot.tensor_leaves(args, kwargs))
 
 
 @dataclass
@@ -198,21 +199,43 @@ def _as_key(value: Any) -> tuple:
 
 
 def _model_for(manifest: dict[str, Any], weights, device: str, dtype: torch.dtype) -> nn.Module:
+    """The model to load the artifact into: `weights` itself (a module), a diffusers directory, or, for an
+    artifact built with seeded random weights (a preset or module:Class), the same model made again."""
     from omni_compile.models import resolve_model
 
     if isinstance(weights, nn.Module):
         return weights
     source = manifest["model"]["source"]
     if weights is None:
-        if not source.startswith("preset:"):
+        seed = manifest["weights"].get("seed")
+        if seed is None:
             raise ArtifactError(
-                f"the artifact was built from {source}; pass weights= (the loaded transformer or its directory)"
+                f"the artifact was built from the weights in {source}; pass them: weights= (the loaded transformer "
+                "or its directory), or --weights DIR on the command line"
             )
         spec = resolve_model(source.removeprefix("preset:"), model_config=manifest["model"]["config"])
-        seed = manifest["weights"].get("seed", 0)
         return spec.load(dtype=dtype, device=device, seed=seed)
     spec = resolve_model(str(weights))
     return spec.load(dtype=dtype, device=device)
+
+
+def _adapter_for(manifest: dict[str, Any], model: nn.Module, example_inputs: str | None):
+    """The adapter that makes the example inputs `verify` runs: the family's, or for a model with no
+    adapter one around the example-input function the build recorded (or `example_inputs`)."""
+    from omni_compile.models import ADAPTERS
+    from omni_compile.models.generic import GenericAdapter
+    from omni_compile.models.registry import import_object
+
+    family = manifest["model"]["family"]
+    if family in ADAPTERS:
+        return ADAPTERS[family]
+    ref = example_inputs or manifest["build"].get("example_inputs")
+    if not ref:
+        raise ArtifactError(
+            f"{manifest['model']['source']} has no adapter and the artifact records no example-input function; "
+            "pass example_inputs= (--example-inputs module:function), the function the build used"
+        )
+    return GenericAdapter(type(model), import_object(ref, "--example-inputs"))
 
 
 def check(
@@ -222,6 +245,12 @@ def check(
     (manifest, platform differences). A difference refuses the artifact unless `jit_fallback`."""
     root = Path(artifact)
     manifest = read_manifest(root)
+    call = manifest["build"].get("region_call", "(state, args, kwargs)")
+    if call != aot.REGION_CALL:
+        raise ArtifactError(
+            f"{root}: its compiled regions are called as {call}, this omni-compile calls them as {aot.REGION_CALL} "
+            "(the artifact was built by an older omni-compile); rebuild it"
+        )
     device = device or manifest["build"]["device"]
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         diffs = [f"device kind: artifact {manifest['platform'].get('kind')!r}, here no CUDA GPU"]
@@ -266,6 +295,13 @@ def load(
 def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
     """`load` after `check`: the weights check, then the JIT fallback or the compiled files."""
     t0 = time.perf_counter()
+    cdiffs = config_differences(manifest["model"]["config"], model)
+    if cdiffs:
+        raise ArtifactError(
+            "the model's config differs from the one the artifact was compiled for (the compiled regions would "
+            "compute something else): " + "; ".join(cdiffs) + ". Load it into a model of the artifact's config, "
+            "or build an artifact for this one"
+        )
     wdiffs = weights_differences(manifest["weights"]["tensors"], model)
     if wdiffs:
         raise ArtifactError("the weights do not match the artifact's model: " + "; ".join(wdiffs))
@@ -315,16 +351,17 @@ def verify(
     artifact: str | Path,
     *,
     weights: nn.Module | str | Path | None = None,
+    example_inputs: str | None = None,
     device: str | None = None,
     jit_fallback: bool = False,
     cuda_graphs: bool | None = None,
 ) -> dict[str, Any]:
     """`omni-compile verify`: the load checks, then one step per bucket against eager on the same
-    weights and seeded inputs. Raises ArtifactError for a failed check; returns the result otherwise
+    weights and seeded inputs (`weights` as in `load`; `example_inputs`, module:function, overrides the
+    function recorded for a model with no adapter). Raises ArtifactError for a failed check; returns the result otherwise
     (`ok` False when a bucket's output is off by more than the build's parity bound)."""
     from omni_compile.artifact.build import PARITY_BOUND, bucket_output
     from omni_compile.config import ShapeBucket
-    from omni_compile.models import ADAPTERS
 
     root = Path(artifact)
     manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
@@ -337,15 +374,17 @@ def verify(
         probe_load(root, manifest)
         checks.append("every compiled file loads (in a child process)")
     model = _model_for(manifest, weights, device, dtype)
-    adapter = ADAPTERS[manifest["model"]["family"]]
+    adapter = _adapter_for(manifest, model, example_inputs)
     text_len = manifest["build"].get("text_len")
     references = {}
     with torch.no_grad():
         for b in manifest["build"]["buckets"]:
-            inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device, text_len=text_len)
+            inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device, text_len=text_len,
+                                            seed=manifest["build"].get("seed", 0))  # fmt: skip
             references[b] = (inputs, bucket_output(model(**inputs)).clone())
     before = _compilations()
     loaded = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
+    checks.append(f"config matches ({len(manifest['model']['config'])} fields)")
     checks.append(f"weights match ({len(manifest['weights']['tensors'])} tensors, names, shapes and dtypes)")
     parity = {}
     with torch.no_grad():

@@ -88,6 +88,34 @@ def weights_differences(expected: dict[str, list], model: torch.nn.Module, limit
     return diffs
 
 
+def model_config(model: torch.nn.Module) -> dict[str, Any] | None:
+    """The public fields of a diffusers model's config (`model.config` without `_`-prefixed entries such
+    as `_name_or_path`), as JSON values; None for a module without a diffusers config."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "items"):
+        return None
+    public = {k: v for k, v in config.items() if not str(k).startswith("_")}
+    return json.loads(json.dumps(public, sort_keys=True, default=str))
+
+
+def config_differences(recorded: dict[str, Any], model: torch.nn.Module) -> list[str]:
+    """Each config field whose value differs between the artifact's model and `model`, as
+    'field: artifact X, model Y'. Every public field of a diffusers config sets the architecture
+    (sizes, rotary axes, norms, flags), and the compiled regions bake it in: weights of the same shapes
+    under another config would run and return wrong numbers. A module without a config is not compared."""
+    got = model_config(model)
+    if got is None:
+        return []
+    missing = object()
+    out = []
+    for key in sorted(recorded.keys() | got.keys()):
+        a, b = recorded.get(key, missing), got.get(key, missing)
+        if a != b:
+            show = lambda v: "(absent)" if v is missing else json.dumps(v)  # noqa: E731
+            out.append(f"{key}: artifact {show(a)}, model {show(b)}")
+    return out
+
+
 def read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not root.is_dir():

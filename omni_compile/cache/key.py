@@ -17,7 +17,7 @@ import platform as _py
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KEY_SCHEMA = "omni-compile/cache-key/2"  # 2: the graph identity is the region's op trace (graphs.trace)
+KEY_SCHEMA = "omni-compile/cache-key/3"  # 2: the graph identity is the op trace (graphs.trace); 3: regions take tensor leaves
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""Models with no adapter, built ahead of time: diffusers LTX-Video, Chroma and Qwen-Image (tiny configs,
+tests/generic_model.py), each through `module:Class` and through a saved diffusers directory, then
+`verify` and `omni_compile.load` with zero compilations.
+
+The class builds compile (minutes on 2 CPU cores); the directory builds hold other weights of the same
+architecture and take every file from the class builds' store, so they export and compile nothing and
+check parity on their own weights (`--parity always`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from generic_model import GENERIC_MODELS
+from test_cli import assert_user_error, cli
+
+pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]  # two builds in the first test's setup
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def env(subprocess_env, tmp_path_factory):
+    return dict(subprocess_env, PYTHONPATH=str(TESTS),
+                TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(GENERIC_MODELS))
+def built(request, tmp_path_factory, env):
+    """One model of GENERIC_MODELS: {"name", "class": ART, "dir": ART, "weights": DIR, "progress": stderr}."""
+    from omni_compile.models import resolve_model
+
+    name = request.param
+    cls, config, inputs, shape = GENERIC_MODELS[name]
+    root = tmp_path_factory.mktemp(name)
+    store = f"file://{root / 'store'}"
+    art = root / "class"
+    proc = cli("build", cls, "--model-config", json.dumps(config), "--example-inputs", inputs, "--shapes", shape,
+               "--device", "cpu", "--store", store, "--out", str(art), env=env, timeout=1200)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    progress = proc.stderr
+    weights = root / "weights"
+    model = resolve_model(cls, model_config=config).load(dtype=torch.float32, device="cpu", seed=7)
+    model.save_pretrained(weights)
+    art_dir = root / "dir"
+    proc = cli("build", str(weights), "--example-inputs", inputs, "--shapes", shape, "--store", store,
+               "--parity", "always", "--out", str(art_dir), env=env, timeout=1200)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"name": name, "class": art, "dir": art_dir, "weights": weights, "progress": progress}
+
+
+def _manifest(art: Path) -> dict:
+    return json.loads((art / "manifest.json").read_text())
+
+
+def _files(m: dict) -> list[dict]:
+    return [e for r in m["regions"] for es in r["buckets"].values() for e in es]
+
+
+def test_class_build_compiles_every_region_and_records_its_inputs(built):
+    cls, config, inputs, shape = GENERIC_MODELS[built["name"]]
+    m = _manifest(built["class"])
+    assert m["model"]["family"] == "generic" and m["model"]["source"] == cls
+    assert m["build"]["example_inputs"] == inputs and m["build"]["dtype"] == "fp32" and m["build"]["seed"] == 0
+    assert all(m["model"]["config"][k] == json.loads(json.dumps(v)) for k, v in config.items())
+    blocks = [r for r in m["regions"] if r["kind"] == "block"]
+    assert blocks and all(len(r["instances"]) >= 1 for r in blocks)
+    assert m["compilations"]["aot_compiles"] == len(_files(m)) and m["store"]["published"] == len(_files(m))
+    assert m["parity"][shape]["checked"] == "here" and m["parity"][shape]["rel_l2_vs_eager"] < 1e-4
+
+
+def test_directory_build_reuses_the_class_build(built):
+    """Same architecture, other weights: every file from the store, nothing exported or compiled, and parity
+    checked here on the directory's weights."""
+    a, b = _manifest(built["class"]), _manifest(built["dir"])
+    assert b["model"]["source"] == str(built["weights"]) and b["model"]["config"] == a["model"]["config"]
+    assert b["compilations"] == {"aot_compiles": 0, "region_exports": 0, "dynamo_graphs": 0}
+    assert b["store"]["hits"] == len(_files(b)) == len(_files(a))
+    shape = GENERIC_MODELS[built["name"]][3]
+    assert b["parity"][shape]["checked"] == "here" and b["parity"][shape]["rel_l2_vs_eager"] < 1e-4
+
+
+def test_verify_both_artifacts(built, env):
+    """The class artifact re-makes its seeded random weights; the directory artifact takes --weights."""
+    shape = GENERIC_MODELS[built["name"]][3]
+    for args in ([str(built["class"])], [str(built["dir"]), "--weights", str(built["weights"])]):
+        proc = cli("verify", *args, "--json", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        res = json.loads(proc.stdout)
+        assert res["ok"] and res["compilations"] == 0 and set(res["parity"]) == {shape}, res
+        assert any(c.startswith("config matches") for c in res["checks"])
+
+
+def test_verify_names_what_it_needs(built, env, tmp_path):
+    assert_user_error(cli("verify", str(built["dir"]), env=env), "pass them: weights=")
+    m = _manifest(built["class"])
+    m["build"]["example_inputs"] = None
+    bare = tmp_path / "no-inputs"
+    shutil.copytree(built["class"], bare)
+    (bare / "manifest.json").write_text(json.dumps(m))
+    assert_user_error(cli("verify", str(bare), env=env), "records no example-input function; pass example_inputs=")
+
+
+LOAD = r"""
+import json, sys, torch
+import omni_compile
+from omni_compile.artifact.loader import _compilations
+from omni_compile.config import ShapeBucket
+from omni_compile.models import resolve_model
+from omni_compile.models.registry import import_object
+
+art, weights, inputs_ref, shape = sys.argv[1:]
+model = resolve_model(weights).load(dtype=torch.float32, device="cpu")
+inputs = import_object(inputs_ref, "inputs")(model, ShapeBucket.parse(shape), dtype=torch.float32, device="cpu",
+                                             text_len=None, seed=3)
+with torch.no_grad():
+    ref = model(**inputs)[0].clone()
+    before = _compilations()
+    loaded = omni_compile.load(art, weights=model)
+    got = loaded(**inputs)[0]
+print("RESULT " + json.dumps({"err": float((got.double() - ref.double()).norm() / ref.double().norm()),
+                              "compilations": _compilations() - before,
+                              "calls": loaded._omni_artifact.stats["compiled_calls"]}))
+"""
+
+
+def test_fresh_process_loads_the_directory_artifact_with_zero_compilations(built, env):
+    _, _, inputs, shape = GENERIC_MODELS[built["name"]]
+    proc = subprocess.run([sys.executable, "-P", "-c", LOAD, str(built["dir"]), str(built["weights"]), inputs, shape],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert res["compilations"] == 0 and res["calls"] > 0 and res["err"] < 1e-4, res
+
+
+def test_progress_is_readable(built):
+    """One line per compiled file with its seconds and matches; no torch FutureWarning or C-shim log lines."""
+    n = len(_files(_manifest(built["class"])))
+    lines = built["progress"].splitlines()
+    assert sum(ln.startswith("> compiling ") for ln in lines) == n
+    assert sum(re.match(r"^>\s+compiled in \d+\.\ds: ", ln) is not None for ln in lines) == n, built["progress"]
+    assert "LeafSpec" not in built["progress"] and "c-shim" not in built["progress"], built["progress"][-3000:]
