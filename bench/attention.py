@@ -9,7 +9,9 @@ abs. Backends:
   sdpa-cudnn    SDPA pinned to cuDNN (CUDNN_ATTN)
   sdpa-flash    SDPA pinned to its FlashAttention-2 kernel
   sdpa-efficient SDPA pinned to the memory-efficient kernel
-  flash         the installed FlashAttention package (FLASH_ATTN: FA3, FA4 or FA2), if any
+  fa3           FlashAttention-3 (FA3_ATTN: the fa3-fwd wheel or FA3's hopper build), if installed
+  fa4           FlashAttention-4 (FA4_ATTN: flash-attn-4, CuTe DSL), if installed
+  fa2           FlashAttention-2 (FLASH_ATTN: flash-attn), if installed
   triton        omni-compile's Triton kernel (TRITON_ATTN)
   sage          omni-compile's INT8 Q·K kernel (SAGE_ATTN, lossy)
 
@@ -91,16 +93,14 @@ def backends(device: str) -> dict:
         out["sdpa-cudnn"] = (_sdpa(SDPBackend.CUDNN_ATTENTION), None)
         out["sdpa-flash"] = (_sdpa(SDPBackend.FLASH_ATTENTION), None)
         out["sdpa-efficient"] = (_sdpa(SDPBackend.EFFICIENT_ATTENTION), None)
-        from omni_compile.attention.backends import BACKENDS
+        from omni_compile.attention.backends import BACKENDS, FLASH_BUILDS
+        from omni_compile.attention.measure import runner
         from omni_compile.platform import current_platform
 
-        why = BACKENDS["FLASH_ATTN"].check(current_platform("cuda"), explicit=True)
-        if why is None:
-            from omni_compile.attention import flash
-
-            out["flash"] = (lambda q, k, v, s: flash.attention_flash(q, k, v, s), None)
-        else:
-            out["flash"] = (None, why)
+        for name in FLASH_BUILDS:  # fa3 (FA3_ATTN), fa4 (FA4_ATTN), fa2 (FLASH_ATTN)
+            why = BACKENDS[name].check(current_platform("cuda"), explicit=True)
+            label = {"FA3_ATTN": "fa3", "FA4_ATTN": "fa4", "FLASH_ATTN": "fa2"}[name]
+            out[label] = (runner(name) if why is None else None, why)
     from omni_compile.attention import sage, triton_attn
 
     out["triton"] = (lambda q, k, v, s: triton_attn.attention_triton(q, k, v, None, s), None)

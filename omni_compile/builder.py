@@ -331,7 +331,7 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
         for op, res in rec.resolutions.items():
             record_resolution(resolutions, op, res["implementation"], res["reason"], res["count"])
         for role, res in rec.attention.items():
-            record_resolution(attention, role, res["implementation"], res["reason"], res["count"])
+            record_resolution(attention, role, res["implementation"], res["reason"], res["count"], res.get("measured"))
     config_json = json.dumps(spec.config, sort_keys=True, default=str)
     return {
         "schema": "omni-compile/build-report/1",

@@ -77,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--attention-backend",
         metavar="NAME",
-        help="default attention backend: auto, TORCH_SDPA, CUDNN_ATTN, FLASH_ATTN, TRITON_ATTN or SAGE_ATTN "
-        "(explicit choices fail closed; see `omni-compile attention`)",
+        help="default attention backend: auto (on a GPU: the fastest capable one, measured), TORCH_SDPA, CUDNN_ATTN, "
+        "FA3_ATTN, FA4_ATTN, FLASH_ATTN, TRITON_ATTN or SAGE_ATTN (explicit choices fail closed; see "
+        "`omni-compile attention`)",
     )
     b.add_argument(
         "--attention",

@@ -121,9 +121,10 @@ class CompileConfig:
     attention: dict[str, Any] = field(
         default_factory=dict,
         metadata={
-            "doc": "Attention backend per role: {'default': {'backend': NAME}, 'per_role': {ROLE: {'backend': NAME}}}; "
-            "NAME is auto (default) or TORCH_SDPA, CUDNN_ATTN, FLASH_ATTN, TRITON_ATTN, SAGE_ATTN. A per_role entry "
-            "replaces the default for that role (docs/attention.md)."
+            "doc": "Attention backend per role: {'default': {'backend': NAME}, 'per_role': {ROLE: {'backend': NAME}}, "
+            "'measure': true}; NAME is auto (default) or TORCH_SDPA, CUDNN_ATTN, FA3_ATTN, FA4_ATTN, FLASH_ATTN, "
+            "TRITON_ATTN, SAGE_ATTN. A per_role entry replaces the default for that role; 'measure' (default true): "
+            "auto on a GPU times the capable backends per call shape and takes the fastest (docs/attention.md)."
         },
     )
     fullgraph: bool = field(

@@ -10,7 +10,7 @@ the platform's preference list) and the call is replaced by that backend's form:
 
 - TORCH_SDPA: left as torch dispatched it;
 - CUDNN_ATTN: `aten._scaled_dot_product_cudnn_attention` on the same [B, H, S, D] views;
-- FLASH_ATTN, TRITON_ATTN, SAGE_ATTN: the backend's op on [B, S, H, D] tensors. diffusers builds
+- FA3_ATTN, FA4_ATTN, FLASH_ATTN (FA2), TRITON_ATTN, SAGE_ATTN: the backend's op on [B, S, H, D] tensors. diffusers builds
   q/k/v as [B, S, H, D] and transposes them for SDPA; the new call takes the transpose back, so the
   permute pair folds into the original tensor and no layout copy is made before or after the kernel.
   The Triton kernels are embedded in Inductor's code like the fused-op kernels (`functional_trace`).
@@ -31,7 +31,7 @@ import re
 import torch
 from torch.fx.operator_schemas import normalize_function
 
-from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_flash_library
+from omni_compile.attention.backends import BACKENDS, FLASH_BUILDS, AttentionCall, installed_flash_modules
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
 from omni_compile.passes.base import OmniPass, _source
@@ -102,8 +102,11 @@ def _cudnn_body(q, k, v, mask, scale):
     return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, False, False, scale=scale)[0]
 
 
-def _flash_body(q, k, v, mask, scale):
-    return _to_bshd(torch.ops.omni_compile.attention_flash(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
+def _flash_body(op):
+    def body(q, k, v, mask, scale):
+        return _to_bshd(op(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
+
+    return body
 
 
 def _kernel_body(launcher):
@@ -188,13 +191,16 @@ class AttentionPass(OmniPass):
             q_len=int(qv.shape[2]),
             kv_len=int(kv_.shape[2]),
             mask=_mask_kind(mask, qv, kv_),
+            batch=int(qv.shape[0]),
+            heads=int(qv.shape[1]),
         )
         if qv.shape[1] != kv_.shape[1] or vv.shape[-1] != qv.shape[-1]:
             why = "grouped-query attention or a different value head size: left to torch"
             record_resolution(self.resolutions, role, "TORCH_SDPA", why)
             return 0
-        resolution = resolve(self.config, role, self.platform, call)
-        record_resolution(self.resolutions, role, resolution.backend, resolution.describe())
+        resolution = resolve(self.config, role, self.platform, call, measure=self.config.measure)
+        record_resolution(self.resolutions, role, resolution.backend, resolution.describe(),
+                          measured=dict([resolution.measured]) if resolution.measured else None)  # fmt: skip
         body, trace = self._body(resolution.backend, node)
         if body is None:  # torch's own node already runs this backend: resolved (recorded above), not rewritten
             return 0
@@ -214,10 +220,10 @@ class AttentionPass(OmniPass):
             if node.target is aten._scaled_dot_product_cudnn_attention.default:
                 return None, None  # torch already chose cuDNN here
             return _cudnn_body, fake_trace
-        if backend == "FLASH_ATTN":
-            from omni_compile.attention import flash  # noqa: F401  (registers omni_compile::attention_flash)
+        if backend in FLASH_BUILDS:
+            from omni_compile.attention import flash  # registers omni_compile::attention_fa2/fa3/fa4
 
-            return _flash_body, fake_trace
+            return _flash_body(flash.OPS[backend]), fake_trace
         from omni_compile.attention import sage, triton_attn
 
         module, op = (
@@ -234,6 +240,5 @@ class AttentionPass(OmniPass):
         # What changes the rewrite: the config, the adapter's role mapping, and (through `auto`) which
         # FlashAttention build is installed.
         factors = [super().uuid(), repr(self.config.to_json()), _source(self.role_of), repr(sorted(BACKENDS))]
-        if self.platform is not None:
-            factors.append(repr(installed_flash_library(self.platform)))
+        factors.append(repr(installed_flash_modules()))
         return hashlib.sha256("|".join(factors).encode()).hexdigest()

@@ -121,9 +121,11 @@ def inline_native(node: torch.fx.Node, op: FusedOp) -> None:
     splice(node, op, op.native)
 
 
-def record_resolution(table: dict[str, dict], op: str, implementation: str, reason: str, count: int = 1) -> None:
+def record_resolution(table: dict[str, dict], op: str, implementation: str, reason: str, count: int = 1,
+                      measured: dict[str, dict] | None = None) -> None:  # fmt: skip
     """Add `count` calls of `op` resolved to `implementation` to a report table (op -> implementation,
-    reason, count); calls of one op resolved differently make it "mixed" with every reason kept."""
+    reason, count); calls of one op resolved differently make it "mixed" with every reason kept.
+    `measured`: shape -> {implementation: ms or why dropped}, for a choice made by timing (kept per shape)."""
     entry = table.setdefault(op, {"implementation": None, "reason": None, "count": 0})
     if entry["implementation"] not in (None, implementation):
         entry["implementation"] = "mixed"
@@ -131,6 +133,8 @@ def record_resolution(table: dict[str, dict], op: str, implementation: str, reas
     else:
         entry["implementation"], entry["reason"] = implementation, reason
     entry["count"] += count
+    if measured:
+        entry.setdefault("measured", {}).update(measured)
 
 
 class LowerFusedOpsPass(OmniPass):

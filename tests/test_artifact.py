@@ -226,6 +226,22 @@ def test_a_model_of_another_config_is_refused_naming_the_field(artifacts, tmp_pa
         omni_compile.load(artifacts["flux-tiny"], weights=tmp_path / "other")
 
 
+def test_an_attention_backend_that_cannot_run_here_is_refused(artifacts, tmp_path):
+    """The files call the backends the build chose; one that cannot run here refuses the load with the reason
+    and the backends that would run (never a silent fallback)."""
+    import omni_compile
+
+    art, m = _copy(artifacts, tmp_path)
+    assert m["attention"]["backends"] == ["TORCH_SDPA"]
+    m["attention"]["backends"] = ["FA3_ATTN", "TORCH_SDPA"]
+    (art / "manifest.json").write_text(json.dumps(m))
+    message = ("its compiled regions call attention backends that cannot run here: FA3_ATTN: it runs on cuda, not on "
+               "cpu. Install what is missing, or rebuild the artifact here (backends that would run: TORCH_SDPA; "
+               "--attention-backend NAME picks one)")  # fmt: skip
+    with pytest.raises(omni_compile.ArtifactError, match=re.escape(message)):
+        omni_compile.load(art)
+
+
 def test_an_artifact_of_an_older_calling_convention_is_refused(artifacts, tmp_path):
     import omni_compile
 

@@ -34,7 +34,10 @@ def test_cuda_manifest_has_triton_kernels_and_a_gpu_attention_backend(cuda_artif
     impls = m["fusion"]["fused_op_implementations"]
     assert impls and all(v["implementation"].startswith("triton") for v in impls.values()), impls
     role = m["attention"]["per_role"]["flux.joint"]
-    assert role["implementation"] in ("CUDNN_ATTN", "FLASH_ATTN", "TORCH_SDPA"), role
+    assert role["implementation"] in ("CUDNN_ATTN", "FA3_ATTN", "FA4_ATTN", "FLASH_ATTN", "TORCH_SDPA"), role
+    assert m["attention"]["backends"] == [role["implementation"]]
+    # auto on a GPU measured the capable backends per shape (two buckets) and took the fastest
+    assert len(role["measured"]) == 2 and "fastest measured" in role["reason"], role
     assert all(p["finite"] and p["rel_l2_vs_eager"] < 3e-2 for p in m["parity"].values()), m["parity"]
 
 
@@ -109,3 +112,29 @@ def test_cuda_artifact_refused_on_cpu(cuda_artifact, subprocess_env):
     """The same artifact asked to run on the CPU: a platform difference, refused with the list."""
     proc = cli("verify", str(cuda_artifact), "--device", "cpu", env=subprocess_env, timeout=300)
     assert proc.returncode == 2 and "device kind" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_fa3_artifact_calls_fa3_and_loads_with_zero_compilations(tmp_path, subprocess_env):
+    """FA3_ATTN inside the standalone files: the manifest records it, a fresh process loads and runs it."""
+    import torch
+
+    from omni_compile.attention.backends import BACKENDS, AttentionCall
+    from omni_compile.platform import current_platform
+
+    why = BACKENDS["FA3_ATTN"].check(current_platform("cuda"), AttentionCall(torch.bfloat16, 16), explicit=True)
+    if why:
+        pytest.skip(f"FA3_ATTN: {why}")
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    art = tmp_path / "art"
+    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--dtype", "bf16", "--device", "cuda", "--attention-backend",
+               "FA3_ATTN", "--out", str(art), env=env, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    m = json.loads((art / "manifest.json").read_text())
+    assert m["attention"]["backends"] == ["FA3_ATTN"], m["attention"]
+    code = "\n".join(p.read_text() for p in (art / "report").rglob("*.py"))
+    assert "attention_fa3" in code, "no generated code calls omni_compile::attention_fa3"
+    proc = subprocess.run([sys.executable, "-P", "-c", LOAD_SCRIPT, str(art), "1"], env=subprocess_env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert res["compilations"] == 0 and all(e < 3e-2 for e in res["errs"].values()), res

@@ -27,6 +27,7 @@ CPU = plat("cpu", "x86_64")
 ROCM = plat("rocm", "AMD Instinct MI300X", (9, 4))
 XPU = plat("xpu", "Intel Data Center GPU Max")
 BF16_128 = AttentionCall(dtype=torch.bfloat16, head_dim=128, q_len=4608, kv_len=4608)
+FLASH = ["FA3_ATTN", "FA4_ATTN", "FLASH_ATTN"]  # the FlashAttention backends, in the CUDA preference order
 
 
 def explicit(name, role="wan.self"):
@@ -45,12 +46,12 @@ def cudnn_present(monkeypatch):
 
 @pytest.fixture
 def no_flash(monkeypatch):
-    monkeypatch.setattr(B, "installed_flash_library", lambda platform: None)
+    monkeypatch.setattr(B.FlashBuild, "module", lambda self: None)
 
 
 @pytest.fixture
 def fa2_only(monkeypatch):
-    """Only an FA2 build is installed (what `installed_flash_library` finds is by module)."""
+    """Only an FA2 build is installed (what `FlashBuild.module` finds is by module)."""
     monkeypatch.setattr(B, "_has_module", lambda name: name == "flash_attn")
     monkeypatch.setattr(B, "_fa2_has_func", lambda: True)
 
@@ -110,18 +111,36 @@ def test_explicit_error_names_what_would_work(no_flash):
     assert reason_of("CUDNN_ATTN", H200, AttentionCall(torch.bfloat16, 128, 64, 1)).endswith("Choose TORCH_SDPA, or auto.")
 
 
-def test_flash_attention_packages_per_architecture(fa2_only):
-    # FA2 serves Ampere and Hopper; on Blackwell only FA4 counts, an FA2 build is ignored.
+def test_flash_attention_builds_per_architecture(fa2_only):
+    # FA2 serves Ampere and Hopper; FA3 Hopper only; on Blackwell only FA4 counts, an FA2 build is ignored.
     assert resolve(*explicit("FLASH_ATTN"), A100, BF16_128).backend == "FLASH_ATTN"
-    assert B.installed_flash_library(H200) == "fa2"
-    msg = reason_of("FLASH_ATTN", B200)
-    assert "no FlashAttention package for sm100 is installed (pip install flash-attn-4 (FlashAttention-4, CuTe DSL))" in msg
+    assert B.installed_flash_modules() == {"FLASH_ATTN": "flash_attn", "FA3_ATTN": None, "FA4_ATTN": None}
+    assert "FlashAttention-2 serves sm8x and sm90 GPUs, not sm100 (NVIDIA B200)" in reason_of("FLASH_ATTN", B200)
+    assert "FlashAttention-3 serves sm90 GPUs, not sm80 (NVIDIA A100)" in reason_of("FA3_ATTN", A100)
+    assert "FlashAttention-4 (CuTe DSL) is not installed (pip install flash-attn-4)" in reason_of("FA4_ATTN", B200)
+    assert resolve(AttentionConfig(), "flux.joint", B200, BF16_128).backend == "CUDNN_ATTN"
 
 
 def test_flash_attention_missing_names_the_install(no_flash):
-    msg = reason_of("FLASH_ATTN", H200)
-    assert "no FlashAttention package for sm90 is installed" in msg and "pip install flash-attn-4" in msg
+    msg = reason_of("FA3_ATTN", H200)
+    assert "FlashAttention-3 is not installed (pip install 'omni-compile[fa3]' (the fa3-fwd wheel" in msg, msg
     assert msg.endswith("Choose CUDNN_ATTN or TORCH_SDPA, or auto."), msg
+    assert "FlashAttention-2 is not installed (pip install flash-attn)" in reason_of("FLASH_ATTN", H200)
+
+
+def test_fa3_fwd_takes_bf16_only(monkeypatch):
+    """The fa3-fwd wheel is built without FA3's fp16 kernels; FA3's own hopper build has them."""
+    monkeypatch.setattr(B, "_has_module", lambda name: name == "fa3_fwd_interface")
+    fp16 = AttentionCall(torch.float16, 128, 4608, 4608)
+    assert resolve(*explicit("FA3_ATTN"), H200, BF16_128).backend == "FA3_ATTN"
+    assert "dtype float16 is unsupported (fa3_fwd_interface takes bfloat16)" in reason_of("FA3_ATTN", H200, fp16)
+    res = resolve(AttentionConfig(measure=False), "flux.joint", H200, fp16)
+    assert res.backend == "CUDNN_ATTN" and res.skipped[0][0] == "FA3_ATTN", res
+    assert resolve(AttentionConfig(measure=False), "flux.joint", H200, BF16_128).backend == "FA3_ATTN"
+    monkeypatch.setattr(B, "_has_module", lambda name: name == "flash_attn_interface")
+    assert resolve(*explicit("FA3_ATTN"), H200, fp16).backend == "FA3_ATTN"
+    assert "head_size=300 is unsupported (FlashAttention-3 takes head sizes multiples of 8 from 8 to 256)" in reason_of(
+        "FA3_ATTN", H200, AttentionCall(torch.bfloat16, 300, 64, 64))
 
 
 def test_probe_with_unknown_head_size_skips_the_head_size_check():
@@ -143,19 +162,19 @@ def test_auto_walks_the_preference_list_and_logs_each_skip(no_flash, caplog):
     caplog.set_level(logging.INFO, logger="omni_compile.attention")
     res = resolve(AttentionConfig(), "flux.joint", H200, BF16_128)
     assert res.backend == "CUDNN_ATTN"
-    assert [n for n, _ in res.skipped] == ["FLASH_ATTN"]
+    assert [n for n, _ in res.skipped] == ["FA3_ATTN", "FA4_ATTN", "FLASH_ATTN"]
     line = caplog.records[-1].getMessage()
     assert line.startswith("Resolved attention backend 'CUDNN_ATTN' for role='flux.joint' via attention_config.default")
-    assert "(skipped FLASH_ATTN: no FlashAttention package for sm90 is installed" in line
+    assert "(skipped FA3_ATTN: FlashAttention-3 is not installed" in line
 
 
 @pytest.mark.parametrize(
     "call,expected,skips",
     [
-        (AttentionCall(torch.bfloat16, 12, 64, 64), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),  # no fast backend
-        (AttentionCall(torch.bfloat16, 128, 64, 1), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),  # KV length 1
-        (AttentionCall(torch.float32, 128, 64, 64), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),
-        (AttentionCall(torch.bfloat16, 128, 64, 64, "key_padding"), "TORCH_SDPA", ["FLASH_ATTN", "CUDNN_ATTN"]),
+        (AttentionCall(torch.bfloat16, 12, 64, 64), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),  # no fast backend
+        (AttentionCall(torch.bfloat16, 128, 64, 1), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),  # KV length 1
+        (AttentionCall(torch.float32, 128, 64, 64), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),
+        (AttentionCall(torch.bfloat16, 128, 64, 64, "key_padding"), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),
     ],
 )
 def test_auto_falls_back_to_sdpa(call, expected, skips, no_flash):
@@ -174,6 +193,63 @@ def test_preference_lists_per_platform_never_hold_lossy_backends():
         order = preference(p)
         assert order[-1] == "TORCH_SDPA" and not any(BACKENDS[n].lossy for n in order)
     assert BACKENDS["SAGE_ATTN"].lossy
+
+
+# ------------------------------------------------------------------ choice by measurement
+
+W2_SELF = AttentionCall(torch.bfloat16, 128, 32760, 32760, batch=1, heads=12)
+
+
+def test_auto_takes_the_fastest_measured_backend(monkeypatch, caplog):
+    """On a GPU, auto times every capable backend on the call's shape; a dropped one is never chosen."""
+    from omni_compile.attention import measure
+
+    monkeypatch.setattr(B, "_has_module", lambda name: name == "fa3_fwd_interface")
+    seen = []
+
+    def fake(backends, shape):
+        seen.append((backends, shape))
+        return {"FA3_ATTN": 9.76, "CUDNN_ATTN": 11.58, "TORCH_SDPA": "RuntimeError: no kernel"}
+
+    monkeypatch.setattr(measure, "measure", fake)
+    caplog.set_level(logging.INFO, logger="omni_compile.attention")
+    res = resolve(AttentionConfig(), "wan.self", H200, W2_SELF, measure=True)
+    assert res.backend == "FA3_ATTN" and res.reason == "fastest measured"
+    assert seen == [(("FA3_ATTN", "CUDNN_ATTN", "TORCH_SDPA"), measure.Shape(1, 12, 32760, 32760, 128, torch.bfloat16,
+                                                                            "cuda"))]  # fmt: skip
+    assert res.measured == ("1x32760x12x128 kv 32760 bfloat16", fake(None, None))
+    line = caplog.records[-1].getMessage()
+    assert ("fastest measured on 1x32760x12x128 kv 32760 bfloat16: FA3_ATTN 9.760 ms, CUDNN_ATTN 11.580 ms, "
+            "TORCH_SDPA dropped (RuntimeError: no kernel)") in line, line
+    monkeypatch.setattr(measure, "measure", lambda b, s: {"FA3_ATTN": 0.41, "CUDNN_ATTN": 0.40, "TORCH_SDPA": 0.40})
+    assert resolve(AttentionConfig(), "flux.joint", H200, W2_SELF, measure=True).backend == "CUDNN_ATTN"  # tie: order
+    # measure off, a CPU, an explicit choice or an unknown shape: nothing is timed
+    monkeypatch.setattr(measure, "measure", lambda b, s: pytest.fail("timed"))
+    assert resolve(AttentionConfig(), "wan.self", H200, W2_SELF, measure=False).backend == "FA3_ATTN"
+    assert resolve(AttentionConfig(), "wan.self", CPU, W2_SELF, measure=True).backend == "TORCH_SDPA"
+    assert resolve(*explicit("CUDNN_ATTN"), H200, W2_SELF, measure=True).backend == "CUDNN_ATTN"
+    assert resolve(AttentionConfig(), "wan.self", H200, BF16_128, measure=True).backend == "FA3_ATTN"
+
+
+def test_measure_drops_a_backend_whose_output_is_off(monkeypatch):
+    """`measure` compares each candidate with TORCH_SDPA first (on the CPU here, with perf_counter timing)."""
+    from omni_compile.attention import measure
+
+    real = measure.runner
+    monkeypatch.setattr(measure, "runner", lambda name: (lambda q, k, v, s: q * 0) if name == "BROKEN" else real(name))
+    times = measure.measure.__wrapped__(("TORCH_SDPA", "BROKEN"), measure.Shape(1, 2, 64, 64, 16, torch.float32, "cpu"))
+    assert isinstance(times["TORCH_SDPA"], float) and times["TORCH_SDPA"] > 0
+    assert times["BROKEN"] == "output off by rel L2 1.0e+00 against TORCH_SDPA"
+    assert measure.fastest(times) == "TORCH_SDPA" and measure.fastest({"A": "failed"}) is None
+
+
+def test_measure_is_part_of_the_config_and_its_hash():
+    from omni_compile.config import CompileConfig
+
+    off = AttentionConfig.from_json(parse_attention_text("measure=false,default.backend=auto"))
+    assert off.measure is False and AttentionConfig().measure is True
+    assert off.to_json()["measure"] is False
+    assert CompileConfig(attention={"measure": False}).compute_hash() != CompileConfig().compute_hash()
 
 
 # ------------------------------------------------------------------ config syntax, roles, env and CLI
@@ -199,12 +275,14 @@ def test_dotted_and_json_syntax_agree():
     "text,error",
     [
         ("default.backend=FLASH", "unknown attention backend 'FLASH'; choose auto or one of TORCH_SDPA, CUDNN_ATTN, "
-                                  "FLASH_ATTN, TRITON_ATTN, SAGE_ATTN"),
+                                  "FA3_ATTN, FA4_ATTN, FLASH_ATTN, TRITON_ATTN, SAGE_ATTN"),
+        ("measure=maybe", "measure takes true or false"),
+        ('{"measure": 1}', "attention_config.measure must be true or false, not 1"),
         ('{"default": {"backend": "XLA"}}', "attention_config.default.backend: unknown attention backend 'XLA'"),
         ('{"default": {"backend": "CUDNN_ATTN", "quant": "fp8"}}', "has unknown key(s) ['quant']"),
         ('{"defaults": {}}', "attention config has unknown key(s) ['defaults']"),
         ("per_role.backend=TORCH_SDPA", "names no role"),
-        ("wan.cross=TORCH_SDPA", "must look like default.backend=NAME or per_role.ROLE.backend=NAME"),
+        ("wan.cross=TORCH_SDPA", "must look like default.backend=NAME, per_role.ROLE.backend=NAME or measure="),
         ('{"default": ', "attention config is not valid JSON"),
     ],
 )
@@ -269,13 +347,17 @@ def test_attention_listing(subprocess_env):
 
 
 def _compile_tiny(preset, shape, dtype, config, seed=1):
+    return _compile_tiny_on("cpu", preset, shape, dtype, config, seed)
+
+
+def _compile_tiny_on(device, preset, shape, dtype, config, seed=1):
     import omni_compile
     from omni_compile.config import ShapeBucket
     from omni_compile.models import resolve_model
 
     spec = resolve_model(preset)
-    model = spec.load(dtype=dtype, device="cpu", seed=0)
-    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=dtype, device="cpu",
+    model = spec.load(dtype=dtype, device=device, seed=0)
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=dtype, device=device,
                                          text_len=spec.text_len, seed=seed)  # fmt: skip
     with torch.no_grad():
         ref = model(**inputs)[0]
@@ -337,9 +419,11 @@ def test_attention_config_changes_the_pass_uuid():
 
 # ------------------------------------------------------------------ GPU: every backend that runs here
 
-GPU_SHAPES = {"W1": (1, 4608, 4608, 24, 128), "W2 cross": (1, 32760, 512, 12, 128), "odd": (2, 1000, 777, 8, 72)}
+GPU_SHAPES = {"W1": (1, 4608, 4608, 24, 128), "W2 self": (1, 32760, 32760, 12, 128), "W2 cross": (1, 32760, 512, 12, 128),
+              "odd": (2, 1000, 777, 8, 72)}  # fmt: skip
 # Relative L2 error against float64 each backend must stay within (bf16 inputs); SAGE_ATTN is lossy.
-BOUNDS = {"CUDNN_ATTN": 1e-2, "FLASH_ATTN": 1e-2, "TRITON_ATTN": 1e-2, "TORCH_SDPA": 1e-2, "SAGE_ATTN": 3e-2}
+BOUNDS = {"CUDNN_ATTN": 1e-2, "FA3_ATTN": 1e-2, "FA4_ATTN": 1e-2, "FLASH_ATTN": 1e-2, "TRITON_ATTN": 1e-2,
+          "TORCH_SDPA": 1e-2, "SAGE_ATTN": 3e-2}  # fmt: skip
 
 
 def _backend_fn(name):
@@ -354,10 +438,10 @@ def _backend_fn(name):
         return sdpa
     if name == "CUDNN_ATTN":
         return lambda q, k, v, s: sdpa(q, k, v, s, SDPBackend.CUDNN_ATTENTION)
-    if name == "FLASH_ATTN":
-        from omni_compile.attention import flash
+    if name in B.FLASH_BUILDS:
+        from omni_compile.attention.measure import runner
 
-        return flash.attention_flash
+        return runner(name)
     from omni_compile.attention import sage, triton_attn
 
     op = triton_attn.attention_triton if name == "TRITON_ATTN" else sage.attention_sage_triton
@@ -388,7 +472,7 @@ def test_backends_match_float64_on_cuda(name, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["CUDNN_ATTN", "TRITON_ATTN", "SAGE_ATTN", "FLASH_ATTN"])
+@pytest.mark.parametrize("backend", ["CUDNN_ATTN", "TRITON_ATTN", "SAGE_ATTN", "FA3_ATTN", "FA4_ATTN", "FLASH_ATTN"])
 def test_attention_pass_on_cuda(backend, fresh_dynamo, no_inductor_cache):
     """flux-tiny and wan-tiny in bf16 on CUDA with each backend explicit: every call routed, output near eager."""
     import omni_compile
@@ -415,3 +499,17 @@ def test_attention_pass_on_cuda(backend, fresh_dynamo, no_inductor_cache):
         assert seen == {role: backend for role in roles}, seen
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
         assert err < (5e-2 if backend == "SAGE_ATTN" else 2e-2), (preset, backend, err)
+
+
+@pytest.mark.gpu
+def test_measured_choice_on_cuda(fresh_dynamo, no_inductor_cache):
+    """auto on the GPU: the pass times the capable backends on each call's shape and runs the fastest."""
+    from omni_compile.attention.measure import fastest
+
+    records, err = _compile_tiny_on("cuda", "wan-tiny", "64x96x9", torch.bfloat16, {})
+    (rec,) = records
+    for role in ("wan.self", "wan.cross"):
+        entry = rec.attention[role]
+        (times,) = entry["measured"].values()
+        assert entry["implementation"] == fastest(times) and "TORCH_SDPA" in times, entry
+    assert err < 2e-2

@@ -339,7 +339,7 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
             for op, r in cf.resolutions.items():
                 record_resolution(resolutions, op, r["implementation"], r["reason"], r["count"])
             for role, r in cf.attention.items():
-                record_resolution(attention, role, r["implementation"], r["reason"], r["count"])
+                record_resolution(attention, role, r["implementation"], r["reason"], r["count"], r.get("measured"))
         regions.append(
             {
                 "name": t.name,
@@ -376,7 +376,8 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
         "platform": platform_record(platform),
         "pass_uuid": pm.uuid(),
         "regions": regions,
-        "attention": {"config": pm.attention_config.to_json(), "per_role": attention},
+        "attention": {"config": pm.attention_config.to_json(), "per_role": attention,
+                      "backends": sorted({r["implementation"] for cf in compiled.values() for r in cf.attention.values()})},
         "fusion": {"passes": pm.enabled, "matches": matches, "fused_op_implementations": resolutions},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -263,7 +263,29 @@ def check(
         )
     if not diffs:
         verify_files(root, manifest)
+        _check_attention_backends(root, manifest, current_platform(device))
     return manifest, diffs
+
+
+def _check_attention_backends(root: Path, manifest: dict[str, Any], platform) -> None:
+    """The attention backends the compiled files call must run here (an installed FlashAttention build, say):
+    refuse with each one's reason and the backends that would run, never fall back silently."""
+    from omni_compile.attention import flash  # noqa: F401  (registers the FlashAttention ops the files call)
+    from omni_compile.attention.backends import BACKENDS, preference
+
+    problems = []
+    for name in manifest.get("attention", {}).get("backends", []):
+        if name not in BACKENDS:
+            problems.append(f"{name}: unknown to this omni-compile (built by a newer one?)")
+        elif (why := BACKENDS[name].check(platform, explicit=True)) is not None:
+            problems.append(f"{name}: {why}")
+    if problems:
+        runnable = [n for n in preference(platform) if BACKENDS[n].check(platform) is None]
+        raise ArtifactError(
+            f"{root}: its compiled regions call attention backends that cannot run here: " + "; ".join(problems)
+            + ". Install what is missing, or rebuild the artifact here (backends that would run: "
+            + ", ".join(runnable) + "; --attention-backend NAME picks one)"
+        )
 
 
 def load(

@@ -8,7 +8,9 @@ first failed requirement as a sentence. `preference(platform)` is the list autom
 |---|---|---|---|
 | TORCH_SDPA | every platform | anything SDPA takes | whatever torch's SDPA dispatch picks (the baseline) |
 | CUDNN_ATTN | CUDA, sm80+ | bf16/fp16, head_dim <= 256 and a multiple of 8, no mask, KV length > 1 | SDPA's cuDNN kernel, pinned |
-| FLASH_ATTN | CUDA: FA2 (sm80/sm86/sm89/sm90), FA3 and FA4 (sm90), FA4 (sm100+) | bf16/fp16, see `_flash_head_dim` | [B, S, H, D] |
+| FA3_ATTN | CUDA sm90: fa3-fwd (bf16) or FA3's hopper build (bf16/fp16) | head_dim multiple of 8, 8..256, no mask | [B, S, H, D] |
+| FA4_ATTN | CUDA sm90, sm100+: flash-attn-4 (CuTe DSL) | bf16/fp16, head_dim multiple of 8 (sm100+: up to 128, or 256), no mask | [B, S, H, D] |
+| FLASH_ATTN | CUDA sm80-sm90: FlashAttention-2 (flash-attn) | bf16/fp16, head_dim multiple of 8, 8..256, no mask | [B, S, H, D] |
 | TRITON_ATTN | CUDA, ROCm, XPU (CPU under TRITON_INTERPRET=1, by name) | bf16/fp16, head_dim 16..256, key-padding mask | [B, S, H, D] |
 | SAGE_ATTN | CUDA sm80+, ROCm; lossy, never automatic | bf16/fp16, head_dim 16..256, key-padding mask | [B, S, H, D] |
 """
@@ -39,6 +41,8 @@ class AttentionCall:
     kv_len: int | None = None
     # None: no mask; "key_padding": a bool [B or 1, 1, 1, Skv] mask; "other": any other mask.
     mask: str | None = None
+    batch: int | None = None  # what a measured choice needs besides the above (`attention.measure`)
+    heads: int | None = None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -52,37 +56,42 @@ def _has_module(name: str) -> bool:
         return False
 
 
-# ------------------------------------------------------------------ FlashAttention packages
+# ------------------------------------------------------------------ FlashAttention builds
 
-FA_PACKAGES = {
-    # library: (module to import, what to install)
-    "fa4": ("flash_attn.cute", "pip install flash-attn-4 (FlashAttention-4, CuTe DSL)"),
-    "fa3": ("flash_attn_interface", "build FlashAttention-3 from flash-attention/hopper"),
-    "fa2": ("flash_attn", "pip install flash-attn (FlashAttention-2)"),
+
+@dataclass(frozen=True)
+class FlashBuild:
+    """A FlashAttention build behind one backend: the modules that provide it (the first importable one
+    is used), the GPU generations it serves, and what to install."""
+
+    label: str
+    modules: tuple[str, ...]
+    majors: tuple[int, ...]  # compute-capability majors it serves
+    install: str
+    # module -> dtypes that module's kernels take (a build compiled without fp16, say); default HALF
+    dtypes: tuple[tuple[str, tuple[torch.dtype, ...]], ...] = ()
+
+    def module(self) -> str | None:
+        """The first of `modules` that can be imported here, or None."""
+        for name in self.modules:
+            if _has_module(name) and (name != "flash_attn" or _fa2_has_func()):
+                return name
+        return None
+
+    def module_dtypes(self, module: str | None) -> tuple[torch.dtype, ...]:
+        return dict(self.dtypes).get(module, HALF)
+
+
+FLASH_BUILDS = {
+    "FLASH_ATTN": FlashBuild("FlashAttention-2", ("flash_attn",), (8, 9), "pip install flash-attn"),
+    "FA3_ATTN": FlashBuild(
+        "FlashAttention-3", ("fa3_fwd_interface", "flash_attn_interface"), (9,),
+        "pip install 'omni-compile[fa3]' (the fa3-fwd wheel: FlashAttention-3's forward)",
+        # fa3-fwd is built without its fp16 kernels
+        dtypes=(("fa3_fwd_interface", (torch.bfloat16,)),),
+    ),
+    "FA4_ATTN": FlashBuild("FlashAttention-4 (CuTe DSL)", ("flash_attn.cute",), (9, 10, 11), "pip install flash-attn-4"),
 }
-
-
-def flash_libraries(platform: Platform) -> tuple[str, ...]:
-    """The FlashAttention builds that can serve this GPU, best first (Blackwell: FA4 only; FA2/FA3 builds
-    there are ignored even if they import)."""
-    if platform.kind != "cuda" or not platform.capability:
-        return ()
-    major = platform.capability[0]
-    if major >= 10:
-        return ("fa4",)
-    if major == 9:
-        return ("fa3", "fa4", "fa2")
-    if major == 8:
-        return ("fa2",)
-    return ()
-
-
-def installed_flash_library(platform: Platform) -> str | None:
-    for lib in flash_libraries(platform):
-        module = FA_PACKAGES[lib][0]
-        if _has_module(module) and (lib != "fa2" or _fa2_has_func()):
-            return lib
-    return None
 
 
 def _fa2_has_func() -> bool:
@@ -91,27 +100,46 @@ def _fa2_has_func() -> bool:
     return spec is not None and spec.origin is not None and spec.origin.endswith("__init__.py")
 
 
-def _flash_available(platform: Platform) -> str | None:
-    libs = flash_libraries(platform)
-    if not libs:
-        arch = platform.arch if platform.kind == "cuda" else platform.kind
-        return f"no FlashAttention build serves {arch} (FA2 needs sm80+, FA3 sm90, FA4 sm90 or sm100+)"
-    if installed_flash_library(platform) is None:
-        hints = "; or ".join(FA_PACKAGES[lib][1] for lib in libs)
-        return f"no FlashAttention package for {platform.arch} is installed ({hints})"
-    return None
+def installed_flash_modules() -> dict[str, str | None]:
+    """Backend -> the module of its FlashAttention build importable here (None: not installed); a cache
+    factor, since it changes what `auto` picks."""
+    return {name: build.module() for name, build in FLASH_BUILDS.items()}
 
 
-def _flash_head_dim(platform: Platform, call: AttentionCall) -> str | None:
-    d = call.head_dim
-    if d is None:
+def _flash_available(backend: str) -> Callable[[Platform], str | None]:
+    build = FLASH_BUILDS[backend]
+
+    def check(platform: Platform) -> str | None:
+        major = platform.capability[0] if platform.capability else None
+        if major not in build.majors:
+            serves = " and ".join(f"sm{m}x" if m != 9 else "sm90" for m in build.majors)
+            return f"{build.label} serves {serves} GPUs, not {platform.arch} ({platform.device_name})"
+        if build.module() is None:
+            return f"{build.label} is not installed ({build.install})"
         return None
-    lib = installed_flash_library(platform)
-    if lib == "fa4" and platform.capability and platform.capability[0] >= 10:
-        ok, rule = (d % 8 == 0 and (8 <= d <= 128 or d in (192, 256))), "multiples of 8 up to 128, or 192 or 256"
-    else:
-        ok, rule = (d % 8 == 0 and 8 <= d <= 256), "multiples of 8 from 8 to 256"
-    return None if ok else f"head_size={d} is unsupported ({lib or 'FlashAttention'} takes head sizes {rule})"
+
+    return check
+
+
+def _flash_call(backend: str) -> Callable[[Platform, AttentionCall], str | None]:
+    build = FLASH_BUILDS[backend]
+
+    def check(platform: Platform, call: AttentionCall) -> str | None:
+        module = build.module()
+        dtypes = build.module_dtypes(module)
+        if call.dtype is not None and call.dtype not in dtypes:
+            names = " or ".join(_dtype_name(d) for d in dtypes)
+            return f"dtype {_dtype_name(call.dtype)} is unsupported ({module or build.label} takes {names})"
+        d = call.head_dim
+        if d is None:
+            return None
+        if backend == "FA4_ATTN" and platform.capability and platform.capability[0] >= 10:
+            ok, rule = (d % 8 == 0 and (8 <= d <= 128 or d == 256)), "multiples of 8 up to 128, or 256"
+        else:
+            ok, rule = (d % 8 == 0 and 8 <= d <= 256), "multiples of 8 from 8 to 256"
+        return None if ok else f"head_size={d} is unsupported ({build.label} takes head sizes {rule})"
+
+    return check
 
 
 def _cudnn_available(platform: Platform) -> str | None:
@@ -217,14 +245,34 @@ BACKENDS: dict[str, AttentionBackend] = {
             extra=_cudnn_extra,
         ),
         AttentionBackend(
-            "FLASH_ATTN",
-            "an installed FlashAttention package: FA2 (Ampere-Hopper), FA3 (Hopper), FA4 (Hopper, Blackwell)",
+            "FA3_ATTN",
+            "FlashAttention-3's forward (the fa3-fwd wheel, or FA3's own hopper build)",
             platforms=("cuda",),
             dtypes=HALF,
             layout="bshd",
             min_capability=(8, 0),
-            available=_flash_available,
-            head_dim=_flash_head_dim,
+            available=_flash_available("FA3_ATTN"),
+            head_dim=_flash_call("FA3_ATTN"),
+        ),
+        AttentionBackend(
+            "FA4_ATTN",
+            "FlashAttention-4 (flash-attn-4, CuTe DSL)",
+            platforms=("cuda",),
+            dtypes=HALF,
+            layout="bshd",
+            min_capability=(8, 0),
+            available=_flash_available("FA4_ATTN"),
+            head_dim=_flash_call("FA4_ATTN"),
+        ),
+        AttentionBackend(
+            "FLASH_ATTN",
+            "FlashAttention-2 (the flash-attn package)",
+            platforms=("cuda",),
+            dtypes=HALF,
+            layout="bshd",
+            min_capability=(8, 0),
+            available=_flash_available("FLASH_ATTN"),
+            head_dim=_flash_call("FLASH_ATTN"),
         ),
         AttentionBackend(
             "TRITON_ATTN",
@@ -258,7 +306,7 @@ def preference(platform: Platform) -> list[str]:
     """The backends automatic selection tries on `platform`, in order (lossy ones never appear)."""
     if platform.kind == "cuda":
         if platform.capability and platform.capability >= (8, 0):
-            return ["FLASH_ATTN", "CUDNN_ATTN", "TORCH_SDPA"]
+            return ["FA3_ATTN", "FA4_ATTN", "FLASH_ATTN", "CUDNN_ATTN", "TORCH_SDPA"]
         return ["TORCH_SDPA"]
     if platform.kind == "xpu":
         return ["TRITON_ATTN", "TORCH_SDPA"]

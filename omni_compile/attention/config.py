@@ -19,7 +19,7 @@ from omni_compile import envs
 from omni_compile.errors import ConfigError
 
 AUTO = "auto"
-BACKEND_NAMES = ("TORCH_SDPA", "CUDNN_ATTN", "FLASH_ATTN", "TRITON_ATTN", "SAGE_ATTN")
+BACKEND_NAMES = ("TORCH_SDPA", "CUDNN_ATTN", "FA3_ATTN", "FA4_ATTN", "FLASH_ATTN", "TRITON_ATTN", "SAGE_ATTN")
 
 
 def backend_name(name: Any, where: str) -> str:
@@ -62,6 +62,9 @@ class BackendChoice:
 class AttentionConfig:
     default: BackendChoice = field(default_factory=BackendChoice)
     per_role: dict[str, BackendChoice] = field(default_factory=dict)
+    # `auto` on a CUDA GPU times the capable backends on each call's shape and takes the fastest
+    # (attention.measure); False: the first capable backend of the platform's preference list.
+    measure: bool = True
 
     def for_role(self, role: str) -> BackendChoice:
         """The choice for `role`: its per_role entry if any (inheriting nothing), else the default."""
@@ -74,6 +77,7 @@ class AttentionConfig:
         return {
             "default": {"backend": self.default.backend},
             "per_role": {role: {"backend": c.backend} for role, c in sorted(self.per_role.items())},
+            "measure": self.measure,
         }
 
     @classmethod
@@ -82,9 +86,14 @@ class AttentionConfig:
             return cls()
         if not isinstance(data, dict):
             raise ConfigError(f"attention config must be an object with 'default' and/or 'per_role', not {data!r}")
-        unknown = sorted(set(data) - {"default", "per_role"})
+        unknown = sorted(set(data) - {"default", "per_role", "measure"})
         if unknown:
-            raise ConfigError(f"attention config has unknown key(s) {unknown}; valid keys are ['default', 'per_role']")
+            raise ConfigError(
+                f"attention config has unknown key(s) {unknown}; valid keys are ['default', 'per_role', 'measure']"
+            )
+        measure = data.get("measure", True)
+        if not isinstance(measure, bool):
+            raise ConfigError(f"attention_config.measure must be true or false, not {measure!r}")
         default = BackendChoice.from_dict(data.get("default", {}), "attention_config.default")
         per_role_raw = data.get("per_role", {})
         if not isinstance(per_role_raw, dict):
@@ -92,7 +101,7 @@ class AttentionConfig:
         per_role = {
             role: BackendChoice.from_dict(v, f"attention_config.per_role[{role!r}]") for role, v in per_role_raw.items()
         }
-        return cls(default, per_role)
+        return cls(default, per_role, measure)
 
     def with_env(self) -> "AttentionConfig":
         """This config with OMNI_COMPILE_ATTENTION_BACKEND applied over the default's backend."""
@@ -120,10 +129,16 @@ def parse_attention_text(text: str) -> dict[str, Any]:
         if not item:
             continue
         key, eq, value = item.partition("=")
+        if key.strip() == "measure" and eq:
+            if value.strip().lower() not in ("true", "false"):
+                raise ConfigError(f"attention item {item!r}: measure takes true or false")
+            data["measure"] = value.strip().lower() == "true"
+            continue
         parts = key.strip().split(".")
         if not eq or len(parts) < 2 or parts[-1] != "backend" or parts[0] not in ("default", "per_role"):
             raise ConfigError(
-                f"attention item {item!r} must look like default.backend=NAME or per_role.ROLE.backend=NAME "
+                f"attention item {item!r} must look like default.backend=NAME, per_role.ROLE.backend=NAME or "
+                "measure=true|false "
                 "(e.g. per_role.wan.cross.backend=TORCH_SDPA)"
             )
         if parts[0] == "default":
@@ -146,6 +161,8 @@ def merge_attention(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, An
         out["default"] = extra["default"]
     if "per_role" in extra:
         out["per_role"] = {**base.get("per_role", {}), **extra["per_role"]}
+    if "measure" in extra:
+        out["measure"] = extra["measure"]
     return out
 
 

@@ -1,48 +1,74 @@
-"""`omni_compile::attention_flash`: the installed FlashAttention package behind one custom op.
+"""FlashAttention builds behind custom ops: `omni_compile::attention_fa2` (FLASH_ATTN), `attention_fa3`
+(FA3_ATTN) and `attention_fa4` (FA4_ATTN).
 
-The op takes [B, S, H, D] q/k/v (FlashAttention's own layout) and returns [B, S_q, H, D]. Which build
-runs is decided per call by the GPU (`installed_flash_library`: FA3, then FA4, then FA2 on Hopper; FA4
-on Blackwell; FA2 on Ampere/Ada). Inductor calls the op as an external kernel; the package's own
-Python runs per call, as it would in eager code.
+Each op takes [B, S, H, D] q/k/v (FlashAttention's own layout, the one diffusers' projections write) and
+returns [B, S_q, H, D_v], contiguous. Inductor calls the ops as external kernels, inside compiled regions
+in the JIT path and in the standalone files of CUDA artifacts: the ops are registered when this module
+is imported (the attention pass and the artifact loader import it), and the FlashAttention package is
+imported on the first call only, so a file that calls an op loads anywhere and a missing package is an
+error that names it (the loader checks first, `artifact.loader`).
+
+FA3 goes through `_flash_attn_forward`, the build's own forward op (what `flash_attn_func` calls under
+its autograd function), once with the arguments a diffusion transformer needs: no causal mask, no
+window, the softmax scale of the call.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
-from omni_compile.attention.backends import FA_PACKAGES, installed_flash_library
+from omni_compile.attention.backends import FLASH_BUILDS
 from omni_compile.errors import OmniCompileError
-from omni_compile.platform import current_platform
+
+
+def _module(backend: str):
+    build = FLASH_BUILDS[backend]
+    name = build.module()
+    if name is None:
+        raise OmniCompileError(
+            f"{backend} was compiled into this graph but {build.label} cannot be imported here ({build.install})"
+        )
+    return importlib.import_module(name)
 
 
 @functools.cache
-def flash_function(lib: str):
-    """The forward function of one FlashAttention build (imported on first use)."""
-    if lib == "fa4":
-        from flash_attn.cute import flash_attn_func
-    elif lib == "fa3":
-        from flash_attn_interface import flash_attn_func
-    elif lib == "fa2":
-        from flash_attn import flash_attn_func
-    else:  # pragma: no cover - the library names are ours
-        raise ValueError(lib)
-    return flash_attn_func
+def forward(backend: str):
+    """fn(q, k, v, scale) -> out for one backend's installed build (imported on first use)."""
+    module = _module(backend)
+    if backend == "FA3_ATTN":
+        fwd = module._flash_attn_forward
+
+        def fa3(q, k, v, scale):
+            return fwd(q, k, v, softmax_scale=scale, causal=False)[0]
+
+        return fa3
+    func = module.flash_attn_func
+
+    def call(q, k, v, scale):
+        out = func(q, k, v, softmax_scale=scale, causal=False)
+        return out[0] if isinstance(out, tuple) else out
+
+    return call
 
 
-@torch.library.custom_op("omni_compile::attention_flash", mutates_args=())
-def attention_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    lib = installed_flash_library(current_platform(q.device))
-    if lib is None:
-        raise OmniCompileError(
-            "FLASH_ATTN was compiled in but no FlashAttention package is importable now "
-            f"({'; '.join(hint for _, hint in FA_PACKAGES.values())})"
-        )
-    out = flash_function(lib)(q, k, v, softmax_scale=scale, causal=False)
-    return (out[0] if isinstance(out, tuple) else out).contiguous()
+def _define(backend: str, op_name: str):
+    @torch.library.custom_op(f"omni_compile::{op_name}", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        out = forward(backend)(q, k, v, scale)
+        return out if out.is_contiguous() else out.contiguous()
+
+    @op.register_fake
+    def _(q, k, v, scale):
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    return op
 
 
-@attention_flash.register_fake
-def _(q, k, v, scale):
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+attention_fa2 = _define("FLASH_ATTN", "attention_fa2")
+attention_fa3 = _define("FA3_ATTN", "attention_fa3")
+attention_fa4 = _define("FA4_ATTN", "attention_fa4")
+
+OPS = {"FLASH_ATTN": attention_fa2, "FA3_ATTN": attention_fa3, "FA4_ATTN": attention_fa4}

@@ -32,9 +32,16 @@ class AttentionResolution:
     reason: str
     source: str
     skipped: tuple[tuple[str, str], ...] = ()
+    # A measured choice: the call's shape and each candidate's median ms (or why it was dropped).
+    measured: tuple[str, dict[str, float | str]] | None = None
 
     def describe(self) -> str:
         text = f"Resolved attention backend {self.backend!r} for role={self.role!r} via {self.source}"
+        if self.measured:
+            shape, times = self.measured
+            text += f", fastest measured on {shape}: " + ", ".join(
+                f"{n} {t:.3f} ms" if isinstance(t, float) else f"{n} dropped ({t})" for n, t in times.items()
+            )
         if self.skipped:
             text += " (skipped " + "; ".join(f"{n}: {why}" for n, why in self.skipped) + ")"
         return text
@@ -49,9 +56,10 @@ def _working_alternatives(platform: Platform, call: AttentionCall | None, exclud
 
 
 def resolve_choice(
-    choice: BackendChoice, role: str, platform: Platform, call: AttentionCall | None = None
+    choice: BackendChoice, role: str, platform: Platform, call: AttentionCall | None = None, measure: bool = False
 ) -> AttentionResolution:
-    """The backend for one call of `role` (call None: only platform-level requirements are checked)."""
+    """The backend for one call of `role` (call None: only platform-level requirements are checked).
+    `measure` (auto on a CUDA GPU, a call of known shape): time the capable backends and take the fastest."""
     if choice.explicit:
         backend = BACKENDS[choice.backend]
         why = backend.check(platform, call, explicit=True)
@@ -63,20 +71,33 @@ def resolve_choice(
                 f"but cannot be used: {why}. {fix[0].upper() + fix[1:]}."
             )
         return AttentionResolution(role, backend.name, "explicitly selected", choice.source)
-    skipped = []
+    skipped, capable = [], []
     for name in preference(platform):
         why = BACKENDS[name].check(platform, call)
         if why is None:
-            resolution = AttentionResolution(role, name, f"first of {platform.arch}'s preference list that runs this call",
-                                             choice.source, tuple(skipped))  # fmt: skip
-            return resolution
-        skipped.append((name, why))
-    # TORCH_SDPA runs everywhere; reaching here means the preference list is broken.
-    raise AssertionError(f"no attention backend can run on {platform.kind}: {skipped}")
+            capable.append(name)
+        else:
+            skipped.append((name, why))
+    # TORCH_SDPA runs everywhere; an empty list means the preference list is broken.
+    assert capable, f"no attention backend can run on {platform.kind}: {skipped}"
+    if measure and platform.kind == "cuda" and call is not None and len(capable) > 1:
+        from omni_compile.attention import measure as m
+
+        shape = m.Shape.of(call, "cuda")
+        if shape is not None:
+            times = m.measure(tuple(capable), shape)
+            best = m.fastest(times)
+            if best is not None:
+                return AttentionResolution(role, best, "fastest measured", choice.source, tuple(skipped),
+                                           (shape.describe(), times))  # fmt: skip
+    return AttentionResolution(role, capable[0], f"first of {platform.arch}'s preference list that runs this call",
+                               choice.source, tuple(skipped))  # fmt: skip
 
 
-def resolve(config: AttentionConfig, role: str, platform: Platform, call: AttentionCall | None = None) -> AttentionResolution:
-    resolution = resolve_choice(config.for_role(role), role, platform, call)
+def resolve(
+    config: AttentionConfig, role: str, platform: Platform, call: AttentionCall | None = None, measure: bool = False
+) -> AttentionResolution:
+    resolution = resolve_choice(config.for_role(role), role, platform, call, measure)
     logger.info("%s", resolution.describe())
     return resolution
 
