@@ -141,6 +141,7 @@ class CompileState:
     regions: list[Region]
     records: list[RegionCompile] = field(default_factory=list)
     on_region_compiled: Callable[[RegionCompile], None] | None = None
+    cuda_graphs: Any = None  # the whole-step CudaGraphForward, when compiled with cuda_graphs=True
 
     @property
     def pass_uuid(self) -> str:
@@ -272,12 +273,16 @@ def compile(
     regions: list[str] | None = None,
     on_region_compiled: Callable[[RegionCompile], None] | None = None,
     adapter=None,
+    cuda_graphs: bool = False,
 ) -> nn.Module:
     """Compile `model`'s regions with Inductor and our passes (JIT, on first call per bucket).
 
     `regions` names the block classes (default: the model's `_repeated_blocks`); `adapter` is the
     model family's adapter (default: found from the model's class), which maps attention modules to
-    roles. Returns the same module, whose forward signature is unchanged.
+    roles. `cuda_graphs` (a model on a CUDA GPU): the whole forward, regions and glue, replays one CUDA
+    graph per bucket, captured on the first call of that bucket after its regions compiled (inference
+    only; see `omni_compile.runtime.cuda_graphs` for the contract). Returns the same module, whose
+    forward signature is unchanged.
     """
     if isinstance(config, dict):
         config = CompileConfig.from_dict(config)
@@ -303,6 +308,12 @@ def compile(
         )
         for _, module in region.instances:
             module.forward = RegionForward(fn, module, config.canonicalize_strides)
+    if cuda_graphs:
+        if _model_device(model).type != "cuda":
+            raise ConfigError(f"cuda_graphs=True needs the model on a CUDA GPU; it is on {_model_device(model)}")
+        from omni_compile.runtime import capture_forward
+
+        state.cuda_graphs = capture_forward(model)
     model._omni_compile = state
     logger.info(
         "omni-compile: %d region(s) %s on %s, passes %s",
@@ -322,6 +333,8 @@ def uncompile(model: nn.Module) -> nn.Module:
     for region in state.regions:
         for _, module in region.instances:
             module.__dict__.pop("forward", None)
+    if state.cuda_graphs is not None:
+        model.__dict__.pop("forward", None)
     model._omni_compile = None
     return model
 

@@ -133,3 +133,50 @@ def test_capture_failure_says_how_to_turn_graphs_off():
     assert (torch.ones(2, device="cuda") + 1).sum().item() == 4
     # and its random ops too: torch can leave the generator capturing after a failed capture
     assert torch.randn(3, device="cuda").isfinite().all()
+
+
+# ------------------------------------------------------------------ whole-step graphs in the JIT path
+
+
+def test_jit_cuda_graphs_need_a_cuda_model():
+    import omni_compile
+    from omni_compile.errors import ConfigError
+    from omni_compile.models import resolve_model
+
+    model = resolve_model("flux-tiny").load(dtype=torch.float32, device="cpu", seed=0)
+    with pytest.raises(ConfigError, match="cuda_graphs=True needs the model on a CUDA GPU; it is on cpu"):
+        omni_compile.compile(model, cuda_graphs=True)
+    assert getattr(model, "_omni_compile", None) is None and "forward" not in model.__dict__
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("preset,shapes", [("flux-tiny", ("64x64", "128x128")), ("wan-tiny", ("64x96x9",))])
+def test_jit_whole_step_graph_per_bucket(preset, shapes, fresh_dynamo, no_inductor_cache):
+    """compile(..., cuda_graphs=True): the first call of a bucket compiles its regions and captures one graph
+    around the whole forward; later calls replay it (no recompile), matching the graph-less compiled output."""
+    import omni_compile
+    from omni_compile.config import ShapeBucket
+    from omni_compile.models import resolve_model
+
+    spec = resolve_model(preset)
+    model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
+    omni_compile.compile(model, cuda_graphs=True)
+    state = omni_compile.compile_state(model)
+    compiles = []
+    with torch.no_grad():
+        for seed in (1, 2):
+            for shape in shapes:
+                inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.bfloat16,
+                                                     device="cuda", text_len=spec.text_len, seed=seed)  # fmt: skip
+                out = model(**inputs)[0]
+                graphed = state.cuda_graphs
+                del model.forward  # the same compiled regions without the graph
+                ref = model(**inputs)[0]
+                model.forward = graphed
+                torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+            compiles.append(len(state.records))
+    assert state.cuda_graphs.stats == {"captures": len(shapes), "replays": len(shapes), "eager_calls": 0}
+    assert compiles[0] == compiles[1] >= len(shapes) * len(state.regions), compiles  # the second round compiled nothing
+    omni_compile.uncompile(model)
+    assert "forward" not in model.__dict__

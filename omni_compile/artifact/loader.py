@@ -338,24 +338,12 @@ def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module
     installed.seconds.update(weights_check=round(t1 - t0, 4), packages=round(time.perf_counter() - t1, 4))
     use_graphs = cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda"
     if use_graphs and torch.device(device).type == "cuda":
-        from omni_compile.runtime import CudaGraphForward
+        from omni_compile.runtime import capture_forward
 
-        installed.cuda_graphs = CudaGraphForward(_Forward(model.forward))
-        model.forward = installed.cuda_graphs
+        installed.cuda_graphs = capture_forward(model)
     model._omni_artifact = installed
     logger.info("loaded %s: %d compiled files", root, installed.stats["packages"])
     return model
-
-
-class _Forward(nn.Module):
-    """A bound forward as a module, for `CudaGraphForward` (which calls a module)."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
 
 
 def _compilations() -> int:

@@ -50,7 +50,8 @@ _DTYPE_NAMES = {
     torch.bool: "bool",
 }
 
-_TURN_OFF = "turn CUDA graphs off with cuda_graphs=False in omni_compile.load, or --no-cuda-graphs on the CLI"
+_TURN_OFF = ("turn CUDA graphs off with cuda_graphs=False in omni_compile.load or omni_compile.compile, or "
+             "--no-cuda-graphs on the CLI")
 
 # Output leaves that are returned as they are (they hold no device memory).
 _PLAIN_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
@@ -240,3 +241,23 @@ def _reset_generator(device: torch.device) -> None:
         gen.graphsafe_set_state(gen.clone_state())
     except (AttributeError, RuntimeError) as exc:  # another torch: nothing to repair, or no way to
         logger.debug("could not reset the CUDA generator after a failed capture: %s", exc)
+
+
+class _Forward(nn.Module):
+    """A bound forward as a module, for `CudaGraphForward` (which calls a module)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def capture_forward(model: nn.Module) -> CudaGraphForward:
+    """Route `model.forward` through one CUDA graph per bucket around the whole forward (every region and
+    the glue between them, one replay per denoise step); returns the runner, also set as `model.forward`.
+    `del model.forward` undoes it."""
+    runner = CudaGraphForward(_Forward(model.forward))
+    model.forward = runner
+    return runner
