@@ -30,7 +30,9 @@ from omni_compile.passes.base import OmniPass, PatternPass
 from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
 from omni_compile.passes.attention import AttentionPass
+from omni_compile.passes.cat_gemm import CatGemmPass
 from omni_compile.passes.gated_residual import GatedResidualPass
+from omni_compile.passes.gemm_gelu import GemmGeluPass
 from omni_compile.passes.lower_fused_ops import LowerFusedOpsPass
 from omni_compile.passes.qk_norm_rope import QKNormRopePass
 from omni_compile.passes.rms_norm import RMSNormPass
@@ -44,6 +46,8 @@ PASS_ORDER: tuple[type[OmniPass], ...] = (
     QKNormRopePass,
     AdaLNPass,
     GatedResidualPass,
+    GemmGeluPass,
+    CatGemmPass,
     AttentionPass,
     LowerFusedOpsPass,
 )
