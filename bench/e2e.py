@@ -10,8 +10,14 @@ results and prints one table. Modes:
   stock       diffusers' `compile_repeated_blocks(fullgraph=True)` (stock Inductor, regional); saves
               Inductor's cache bundle (Mega-Cache)
   stock-warm  a new process that loads stock's cache bundle first, then compiles
+  stock-fa3   stock, with diffusers' attention backend `_flash_3` run by the fa3-fwd wheel (what a user
+              assembles in two lines today; see `diffusers_fa3_from_fa3_fwd`)
   omni        `omni_compile.compile(model)` (regional, our passes); saves Inductor's cache bundle
   omni-warm   a new process that loads omni's cache bundle first, then compiles (warm start)
+
+omni modes take items after '/': pass switches (`omni/-adaln`), kernel choices (`omni/*=triton`), the
+default attention backend (`omni/attn=FA3_ATTN`), `measure=false` (auto takes the first capable backend
+instead of the fastest measured one) and `cg` (whole-step CUDA graphs: `compile(..., cuda_graphs=True)`).
 
 Per mode: first call (cold compile included), step latency (CUDA events on GPU, perf_counter on
 CPU; median/min/max over --steps after --warmup), peak memory, and the relative L2 error of the
@@ -38,12 +44,28 @@ WORKLOADS = {
     "W4-flux": ("flux-tiny", "128x128", "fp32", "cpu"),
     "W4-wan": ("wan-tiny", "64x96x9", "fp32", "cpu"),
 }
-MODES = ("eager", "stock", "stock-warm", "omni", "omni-warm")
+MODES = ("eager", "stock", "stock-fa3", "omni", "omni/cg")
 
 
 def _rel_l2(a, b) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def diffusers_fa3_from_fa3_fwd() -> None:
+    """Make diffusers' `_flash_3` attention backend run the fa3-fwd wheel.
+
+    diffusers imports FlashAttention-3 from the module `flash_attn_interface`, and only when a distribution
+    named `flash_attn_3` is installed (FA3 built from flash-attention/hopper). The fa3-fwd wheel ships the
+    same forward under the module `fa3_fwd_interface` (its `flash_attn_func` has FA3's signature), so the
+    backend's function and its availability flag are pointed at it; `set_attention_backend("_flash_3")`
+    then works as with a source build."""
+    import diffusers.models.attention_dispatch as dispatch
+    import fa3_fwd_interface
+
+    dispatch.flash_attn_3_func = fa3_fwd_interface.flash_attn_func
+    dispatch.flash_attn_3_varlen_func = fa3_fwd_interface.flash_attn_varlen_func
+    dispatch._CAN_USE_FLASH_ATTN_3 = True
 
 
 def measure(step, device: str, steps: int, warmup: int) -> list[float]:
@@ -101,22 +123,29 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
 
     reference = step()  # eager output of these weights and inputs
     sync()
-    if mode in ("stock", "stock-warm"):
+    if mode in ("stock", "stock-warm", "stock-fa3"):
         if mode == "stock-warm":
             torch.compiler.load_cache_artifacts(bundle.with_suffix(".stock").read_bytes())
+        if mode == "stock-fa3":
+            diffusers_fa3_from_fa3_fwd()
+            model.set_attention_backend("_flash_3")
         model.compile_repeated_blocks(fullgraph=True)
     elif mode.split("/")[0] in ("omni", "omni-warm"):
         # "omni/all/*=triton/attn=CUDNN_ATTN": omni-compile with those pass switches, kernel choices
         # (OP=IMPL) and default attention backend (attn=NAME).
         base, *items = mode.split("/")
-        switches = [i for i in items if "=" not in i]
+        cuda_graphs = "cg" in items
+        switches = [i for i in items if "=" not in i and i != "cg"]
         choices = dict(i.split("=", 1) for i in items if "=" in i)
         attention = {"default": {"backend": choices.pop("attn")}} if "attn" in choices else {}
+        if "measure" in choices:
+            attention["measure"] = choices.pop("measure") == "true"
         kernels = choices
         if base == "omni-warm":
             info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
             del info
-        omni_compile.compile(model, omni_compile.CompileConfig(passes=switches, kernels=kernels, attention=attention))
+        config = omni_compile.CompileConfig(passes=switches, kernels=kernels, attention=attention)
+        omni_compile.compile(model, config, cuda_graphs=cuda_graphs)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -173,6 +202,7 @@ def main() -> int:
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--repeat", type=int, default=1, help="run the whole list of modes this many times")
     ap.add_argument("--profile", action="store_true", help="also profile one step: kernels per step by category")
+    ap.add_argument("--profile-modes", default="", help="comma list: profile only these modes (implies --profile)")
     ap.add_argument("--child", nargs=3, metavar=("WORKLOAD", "MODE", "BUNDLE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -204,7 +234,7 @@ def main() -> int:
                 workload,
                 mode,
                 str(bundle),
-            ] + (["--profile"] if args.profile else [])
+            ] + (["--profile"] if args.profile or mode in args.profile_modes.split(",") else [])
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -230,23 +260,23 @@ def main() -> int:
 
 def print_table(results: list[dict]) -> None:
     print(
-        f"{'workload':<8} {'mode':<24} {'step ms (median [min-max])':<28} {'vs stock':>8} {'first call s':>12} "
-        f"{'rel L2 vs eager':>15} {'peak GiB':>8} {'kernels/step':>12}"
+        f"{'workload':<8} {'mode':<24} {'step ms (median [min-max])':<28} {'vs stock':>8} {'vs fa3':>8} "
+        f"{'first call s':>12} {'rel L2 vs eager':>15} {'peak GiB':>8} {'kernels/step':>12}"
     )
-    stock = {}
-    for r in results:  # the first stock run of each workload is the reference
-        if r.get("mode") == "stock" and "step_ms" in r:
-            stock.setdefault(r["workload"], r["step_ms"]["median"])
+    refs: dict[str, dict[str, float]] = {"stock": {}, "stock-fa3": {}}
+    for r in results:  # the first stock and stock-fa3 runs of each workload are the references
+        if r.get("mode") in refs and "step_ms" in r:
+            refs[r["mode"]].setdefault(r["workload"], r["step_ms"]["median"])
     for r in results:
         if "step_ms" not in r:
             print(f"{r['workload']:<8} {r['mode']:<24} {r.get('skipped') or 'ERROR'}")
             continue
         s = r["step_ms"]
-        ratio = f"{stock[r['workload']] / s['median']:.3f}x" if r["workload"] in stock else "-"
+        ratios = [f"{ref[r['workload']] / s['median']:.3f}x" if r["workload"] in ref else "-" for ref in refs.values()]
         print(
             f"{r['workload']:<8} {r['mode']:<24} {s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]{'':<6} "
-            f"{ratio:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} {str(r['peak_mem_gib']):>8} "
-            f"{r.get('profile', {}).get('kernels', '-'):>12}"
+            f"{ratios[0]:>8} {ratios[1]:>8} {r['first_call_s']:>12.2f} {r['rel_l2_vs_eager']:>15.2e} "
+            f"{str(r['peak_mem_gib']):>8} {r.get('profile', {}).get('kernels', '-'):>12}"
         )
     groups: dict[tuple[str, str], list[float]] = {}
     for r in results:

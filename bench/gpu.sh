@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU runner: every measurement and GPU check of a session, by stage, in one command on the GPU machine;
+# results under $OUT, a short table last. Run from the project root with the wheels of
+# ../shared/tools/gpu-wheels.sh in .whl/ (fa3-fwd among them; FA4's wheels too to try FA4, its CuTe libraries
+# unpacked in /tmp/fa4libs by the `fa4libs` stage of an earlier call on the same machine):
+#
+#   bash bench/gpu.sh fa4libs                       # unpack .fa4/cu13.tar.xz (cutlass-dsl cu13 libs) to /tmp/fa4libs
+#   bash bench/gpu.sh install attention tests w3    # then, on the same machine
+#   bash bench/gpu.sh install e2e
+#
+# Stages:
+#   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/fa4libs (kept on the machine for the next calls)
+#   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it)
+#   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
+#   tests      the GPU tests of the suite (TESTS, default: the attention, gemm_gelu, CUDA-graph and GPU
+#              artifact tests)
+#   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
+#   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a per-category profile of the omni mode
+# Env: DEADLINE (s, default 570) stops starting new work near the end; each stage writes its JSON and log
+# as it goes, so a stage cut short keeps what it measured.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+DEADLINE=${DEADLINE:-570}
+left() { echo $(( DEADLINE - SECONDS )); }
+run() {  # run NAME TIMEOUT CMD...: stdout to $OUT/NAME.txt, stderr to $OUT/NAME.log
+  local name=$1 t=$2; shift 2
+  if [ "$(left)" -lt 30 ]; then echo "skip $name: ${SECONDS}s of ${DEADLINE}s used"; return; fi
+  [ "$t" -gt $(( $(left) - 10 )) ] && t=$(( $(left) - 10 ))
+  timeout "$t" "$@" > "$OUT/$name.txt" 2> "$OUT/$name.log"
+  echo "$name rc=$? at ${SECONDS}s"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+[ -d /tmp/fa4libs ] && export PYTHONPATH=/tmp/fa4libs${PYTHONPATH:+:$PYTHONPATH}
+for stage in "$@"; do
+  case $stage in
+    fa4libs)
+      mkdir -p /tmp/fa4libs && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/fa4libs && echo "fa4libs at ${SECONDS}s"
+      export PYTHONPATH=/tmp/fa4libs${PYTHONPATH:+:$PYTHONPATH} ;;
+    install)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . || exit 1
+      export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      python3 -c "import importlib.util as u; print({m: bool(u.find_spec(m)) for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
+        | tee "$OUT/installed.txt"
+      echo "install at ${SECONDS}s" ;;
+    attention)
+      run attention 150 python3 -P bench/attention.py --backends sdpa,sdpa-cudnn,fa3,fa4,triton --reps 20 \
+        --json "$OUT/attention.json" ;;
+    tests)
+      TESTS=${TESTS:-"tests/test_attention.py tests/test_gemm_gelu.py tests/test_cuda_graphs.py tests/test_artifact_gpu.py"}
+      # shellcheck disable=SC2086
+      run gpu_tests 300 python3 -P -m pytest -q -m gpu $TESTS -p no:cacheprovider -x --timeout 280
+      tail -3 "$OUT/gpu_tests.txt" ;;
+    w3)
+      run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \
+        --json "$OUT/e2e_w3.json" ;;
+    e2e)
+      E2E_MODES=${E2E_MODES:-"stock,stock-fa3,omni,omni/cg,omni/-gemm_gelu/-cat_gemm,eager"}
+      for w in W1 W2; do
+        run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "$E2E_MODES" --profile-modes omni,stock-fa3 \
+          --json "$OUT/e2e_$w.json"
+      done ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+echo "=== tables ==="
+for f in attention e2e_w3 e2e_W1 e2e_W2; do
+  [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
+done
+grep -hE "Traceback|Error|error:" "$OUT"/*.log 2>/dev/null | sort | uniq -c | sort -rn | head -8
+exit 0
