@@ -12,8 +12,8 @@
 #   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/fa4libs (kept on the machine for the next calls)
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it)
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
-#   tests      the GPU tests of the suite (TESTS, default: the attention, gemm_gelu, CUDA-graph and GPU
-#              artifact tests)
+#   tests      GPU tests of the suite (TESTS, default: attention backends vs float64, the measured choice and
+#              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
 #   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a per-category profile of the omni mode
 # Env: DEADLINE (s, default 570) stops starting new work near the end; each stage writes its JSON and log
@@ -39,7 +39,9 @@ for stage in "$@"; do
       mkdir -p /tmp/fa4libs && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/fa4libs && echo "fa4libs at ${SECONDS}s"
       export PYTHONPATH=/tmp/fa4libs${PYTHONPATH:+:$PYTHONPATH} ;;
     install)
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+      # SKIP_WHEELS: a regex of wheel names to leave out (e.g. flash_attn_4, to run without FA4)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        $(ls .whl/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . || exit 1
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       python3 -c "import importlib.util as u; print({m: bool(u.find_spec(m)) for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
@@ -49,9 +51,12 @@ for stage in "$@"; do
       run attention 150 python3 -P bench/attention.py --backends sdpa,sdpa-cudnn,fa3,fa4,triton --reps 20 \
         --json "$OUT/attention.json" ;;
     tests)
-      TESTS=${TESTS:-"tests/test_attention.py tests/test_gemm_gelu.py tests/test_cuda_graphs.py tests/test_artifact_gpu.py"}
+      A=tests/test_attention.py
+      TESTS=${TESTS:-"$A::test_backends_match_float64_on_cuda $A::test_measured_choice_on_cuda
+        $A::test_attention_pass_on_cuda[FA3_ATTN] $A::test_attention_pass_on_cuda[FA4_ATTN] tests/test_gemm_gelu.py
+        tests/test_cuda_graphs.py tests/test_artifact_gpu.py"}
       # shellcheck disable=SC2086
-      run gpu_tests 300 python3 -P -m pytest -q -m gpu $TESTS -p no:cacheprovider -x --timeout 280
+      run gpu_tests 330 python3 -P -m pytest -q -rs -m gpu $TESTS -p no:cacheprovider --timeout 280
       tail -3 "$OUT/gpu_tests.txt" ;;
     w3)
       run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \
