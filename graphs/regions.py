@@ -77,13 +77,31 @@ def _hash(sig: list) -> str:
     return hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()
 
 
+def discover_block_classes(model: nn.Module) -> list[str]:
+    """The block classes of a model that declares none: the classes of its `nn.ModuleList`s (at any depth)
+    whose two or more entries are all of one class, in model order. A list inside an instance of another
+    such class is part of that block, not a region of its own."""
+    lists: dict[str, list[str]] = {}  # class name -> paths of its lists
+    for path, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) >= 2 and len({type(m) for m in module}) == 1:
+            lists.setdefault(type(module[0]).__name__, []).append(path)
+    instances = {name: [p for p, m in model.named_modules() if type(m).__name__ == name] for name in lists}
+
+    def nested(path: str, name: str) -> bool:
+        return any(path.startswith(p + ".") for other, ps in instances.items() if other != name for p in ps)
+
+    return [name for name, paths in lists.items() if not all(nested(p, name) for p in paths)]
+
+
 def block_class_names(model: nn.Module, declared: list[str] | None = None) -> list[str]:
-    names = list(declared if declared is not None else getattr(model, "_repeated_blocks", None) or [])
+    """The region classes: `declared` (an option), else the model's `_repeated_blocks`, else the classes of
+    its lists of identical blocks (`discover_block_classes`)."""
+    names = list(declared or getattr(model, "_repeated_blocks", None) or discover_block_classes(model))
     if not names:
         raise OmniCompileError(
-            f"{type(model).__name__} declares no repeated blocks (_repeated_blocks is empty); "
-            "set `_repeated_blocks` on the class or pass the block class names: "
-            "omni_compile.compile(model, regions=[...])"
+            f"found no repeated blocks in {type(model).__name__}: it declares no `_repeated_blocks` and holds no "
+            "nn.ModuleList of two or more modules of one class. Name its block classes: --regions Class1,Class2 "
+            "(build, inspect), omni_compile.compile(model, regions=[...]), or `_repeated_blocks` on the class"
         )
     return names
 
@@ -108,7 +126,8 @@ def find_regions(model: nn.Module, block_names: list[str] | None = None) -> list
     missing = [n for n in names if n not in variants]
     if len(missing) == len(names):
         raise OmniCompileError(
-            f"none of the declared block classes {names} occurs in {type(model).__name__}; check the class names"
+            f"none of the block classes {names} occurs in {type(model).__name__}; check the class names "
+            f"(its lists of identical blocks hold {discover_block_classes(model) or 'none'})"
         )
     regions = list(by_key.values())
     for cls_name, count in variants.items():

@@ -92,6 +92,11 @@ class ModelSpec:
     # Builds the module; takes (dtype, device, seed).
     loader: Callable[..., nn.Module] | None = None
     weights: str = "random"
+    regions: list[str] | None = None  # block classes named by the user (--regions); None: the adapter's
+
+    def block_names(self, model: nn.Module) -> list[str] | None:
+        """The region classes to compile: --regions, else the adapter's (None: `find_regions` discovers them)."""
+        return self.regions or self.adapter.block_names(model) or None
 
     def load(self, *, dtype: torch.dtype, device: str, seed: int = 0) -> nn.Module:
         if self.loader is not None:

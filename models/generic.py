@@ -1,4 +1,7 @@
-"""The generic adapter: any diffusers `ModelMixin` that declares `_repeated_blocks`.
+"""The generic adapter: any diffusers transformer omni-compile has no adapter for.
+
+Its regions are the classes it declares in `_repeated_blocks`, or else the classes of its lists of
+identical blocks (`graphs.regions.discover_block_classes`), or those named with `--regions`.
 
 omni-compile knows nothing else about such a model, so its example inputs for a shape bucket come
 from the user: a function `fn(model, bucket, *, dtype, device, text_len, seed) -> dict of forward kwargs`,
@@ -20,11 +23,6 @@ class GenericAdapter(ModelAdapter):
     default_text_len = None  # the example-input function picks its own text length
 
     def __init__(self, cls: type[nn.Module], inputs_fn: Callable | None = None):
-        if not getattr(cls, "_repeated_blocks", None):
-            raise ConfigError(
-                f"{cls.__module__}.{cls.__qualname__} declares no `_repeated_blocks`; omni-compile compiles a model "
-                "region by region and needs the names of its repeated block classes"
-            )
         self.cls = cls
         self.inputs_fn = inputs_fn
 

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from omni_compile.errors import ConfigError
 from omni_compile.models import flux, wan
 from omni_compile.models.base import ModelAdapter, ModelSpec, Preset
@@ -57,8 +59,17 @@ def resolve_model(
     *,
     example_inputs: str | None = None,
     model_config: dict[str, Any] | None = None,
+    regions: list[str] | None = None,
 ) -> ModelSpec:
-    """Resolve a preset name, a local diffusers directory, or `module:Class` into a ModelSpec."""
+    """Resolve a preset name, a local diffusers directory, or `module:Class` into a ModelSpec. `regions`: the
+    block classes to compile (default: the model's `_repeated_blocks`, else its lists of identical blocks)."""
+    spec = _resolve(model, example_inputs, model_config)
+    if regions:
+        spec.regions = list(regions)
+    return spec
+
+
+def _resolve(model: str | None, example_inputs: str | None, model_config: dict[str, Any] | None) -> ModelSpec:
     model = model or DEFAULT_MODEL
     inputs_fn = import_object(example_inputs, "--example-inputs") if example_inputs else None
     if model in PRESETS:
@@ -93,8 +104,8 @@ def resolve_model(
 
 def _model_class(ref: str, inputs_fn, config: dict[str, Any]) -> ModelSpec:
     cls = import_object(ref, "model class")
-    if not isinstance(cls, type):
-        raise ConfigError(f"{ref!r} is not a class")
+    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
+        raise ConfigError(f"{ref!r} is not a torch nn.Module class (MODEL may be module:Class of a diffusers transformer)")
     check_config_keys(cls, config, "--model-config")
     family = ADAPTER_BY_CLASS.get(cls.__name__)
     adapter = ADAPTERS[family] if family else GenericAdapter(cls, inputs_fn)

@@ -52,6 +52,7 @@ class BuildOptions:
     text_len: int | None = None
     example_inputs: str | None = None
     model_config: dict[str, Any] | None = None
+    regions: list[str] | None = None  # block classes to compile (default: _repeated_blocks, else discovered)
     compile: CompileConfig = field(default_factory=CompileConfig)
     cache_from: str | None = None
     store: str | None = None  # aot: file://PATH or redis://... store of compiled files; jit: Inductor's remote caches (redis)
@@ -95,7 +96,8 @@ def resolve_build(opts: BuildOptions):
     """(spec, dtype, device, buckets, pass manager) for `opts`, both modes. Model, shapes, pass
     switches, pass options and kernel choices (a kernel asked for by name must be able to run on this
     platform) are checked here, before any slow work."""
-    spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config)
+    spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config,
+                         regions=opts.regions)
     device = _resolve_device(opts.device, spec.default_device)
     # A model with no preset: bf16 on an accelerator, fp32 on the CPU (where bf16 is slow and rarely meant).
     dtype = parse_dtype(opts.dtype or spec.default_dtype or ("fp32" if torch.device(device).type == "cpu" else "bf16"))
@@ -203,7 +205,7 @@ def _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, 
     compile(
         model,
         opts.compile,
-        regions=spec.adapter.block_names(model) or None,
+        regions=spec.block_names(model),
         on_region_compiled=events.on_region_compiled,
         adapter=spec.adapter,
     )

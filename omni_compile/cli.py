@@ -43,6 +43,8 @@ def _json_arg(value: str | None, what: str) -> dict[str, Any] | None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from omni_compile.config import region_list
+
     p = _Parser(prog="omni-compile", description="Compile diffusion transformers region by region.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -103,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--example-inputs", metavar="MODULE:FN", help="function making example inputs for models without an adapter"
     )
+    b.add_argument("--regions", metavar="CLASS,...", type=region_list,
+                   help="block classes to compile as regions, comma-separated (default: the model's _repeated_blocks, "
+                   "else the classes of its lists of identical blocks)")
     b.add_argument("--store", metavar="URL", help="shared store of compiled files: file://PATH or "
                    "redis://[:PASSWORD@]HOST:PORT/DB (looked up before compiling, published after; with --mode jit, "
                    "a redis:// URL for Inductor's remote FX-graph and autotune caches)")
@@ -188,6 +193,7 @@ def _cmd_build(args, console) -> int:
         text_len=args.text_len,
         example_inputs=args.example_inputs,
         model_config=_json_arg(args.model_config, "--model-config"),
+        regions=args.regions,
         compile=config,
         cache_from=args.cache_from,
         store=args.store,
@@ -333,7 +339,7 @@ def _cmd_models(console) -> int:
     for p in PRESETS.values():
         t.add_row(p.name, p.family, p.default_shapes, p.default_dtype, p.description)
     console.print(t)
-    console.print("MODEL may also be a local diffusers directory or module:Class (a ModelMixin with _repeated_blocks).")
+    console.print("MODEL may also be a local diffusers directory or module:Class (any diffusers transformer; its regions are its _repeated_blocks, else the classes of its lists of identical blocks, or --regions).")
     return 0
 
 

@@ -277,7 +277,8 @@ def compile(
 ) -> nn.Module:
     """Compile `model`'s regions with Inductor and our passes (JIT, on first call per bucket).
 
-    `regions` names the block classes (default: the model's `_repeated_blocks`); `adapter` is the
+    `regions` names the block classes (default: the model's `_repeated_blocks`, else the classes of its
+    lists of identical blocks, `graphs.regions.discover_block_classes`); `adapter` is the
     model family's adapter (default: found from the model's class), which maps attention modules to
     roles. `cuda_graphs` (a model on a CUDA GPU): the whole forward, regions and glue, replays one CUDA
     graph per bucket, captured on the first call of that bucket after its regions compiled (inference

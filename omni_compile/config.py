@@ -164,3 +164,13 @@ class CompileConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def region_list(text: str) -> list[str]:
+    """The value of --regions: 'A,B' -> ['A', 'B'], block class names (an argparse type)."""
+    import argparse
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or not all(n.isidentifier() for n in names):
+        raise argparse.ArgumentTypeError(f"expected block class names like FluxTransformerBlock,MyBlock, got {text!r}")
+    return names

@@ -40,6 +40,7 @@ def assert_user_error(proc, message):
         (["build", "--dtype", "int3"], "unknown dtype 'int3'"),
         (["build", "--config", '{"fullgraf": true}'], "unknown CompileConfig key(s) ['fullgraf']"),
         (["build", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["build", "--regions", "Block,2x"], "argument --regions: expected block class names like"),
         (["build", "--model-config", '{"num_layerz": 1}'], "FluxTransformer2DModel takes no config key(s) 'num_layerz'"),
         (["build", "diffusers:LTXVideoTransformer3DModel", "--model-config", '{"heads": 2}'],
          "LTXVideoTransformer3DModel takes no config key(s) 'heads'; its keys are"),

@@ -41,10 +41,10 @@ def test_instances_that_differ_in_structure_become_separate_regions():
 
 
 def test_region_errors():
-    with pytest.raises(OmniCompileError, match="declares no repeated blocks"):
+    with pytest.raises(OmniCompileError, match="found no repeated blocks in Linear"):
         find_regions(torch.nn.Linear(2, 2))
     model = resolve_model("wan-tiny").load(dtype=torch.float32, device="cpu", seed=0)
-    with pytest.raises(OmniCompileError, match=r"none of the declared block classes \['NoSuchBlock'\]"):
+    with pytest.raises(OmniCompileError, match=r"none of the block classes \['NoSuchBlock'\]"):
         find_regions(model, ["NoSuchBlock"])
 
 
@@ -84,8 +84,8 @@ def test_model_argument_errors():
         resolve_model("flux-huge")
     with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
         resolve_model("no_such_module:Model")
-    with pytest.raises(ConfigError, match="declares no `_repeated_blocks`"):
-        resolve_model("torch.nn:Linear")
+    with pytest.raises(ConfigError, match="'builtins:int' is not a torch nn.Module class"):
+        resolve_model("builtins:int")
 
 
 def test_generic_adapter_needs_example_inputs():
@@ -111,3 +111,80 @@ def test_bucket_checks(preset, shape, message):
 
     with pytest.raises(ConfigError, match=message):
         resolve_model(preset).adapter.check_bucket(ShapeBucket.parse(shape))
+
+
+# ------------------------------------------------------------------ models that declare no _repeated_blocks
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.proj = torch.nn.Linear(dim, dim)
+        self.inner = torch.nn.ModuleList([torch.nn.Linear(dim, dim) for _ in range(2)])  # nested: part of the block
+
+    def forward(self, x):
+        return self.proj(x) + sum(m(x) for m in self.inner)
+
+
+class _Other(_Block):
+    pass
+
+
+class _Undeclared(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 8)
+        self.blocks = torch.nn.ModuleList([_Block() for _ in range(3)])
+        self.stage = torch.nn.Module()
+        self.stage.tail = torch.nn.ModuleList([_Other(), _Other()])  # at any depth
+        self.mixed = torch.nn.ModuleList([_Block(), _Other()])  # not one class: glue
+        self.single = torch.nn.ModuleList([_Block()])  # not repeated: glue
+
+    def forward(self, x):
+        for m in [*self.blocks, *self.stage.tail, *self.mixed, *self.single]:
+            x = m(x)
+        return self.embed(x)
+
+
+def test_lists_of_identical_blocks_are_the_regions_of_an_undeclared_model():
+    from omni_compile.graphs.regions import discover_block_classes
+
+    model = _Undeclared()
+    assert discover_block_classes(model) == ["_Block", "_Other"]
+    regions = find_regions(model)
+    assert [(r.name, r.paths) for r in regions] == [
+        ("_Block", ["blocks.0", "blocks.1", "blocks.2", "mixed.0", "single.0"]),
+        ("_Other", ["stage.tail.0", "stage.tail.1", "mixed.1"]),
+    ]
+    # a declared list wins
+    assert [r.name for r in find_regions(model, ["_Other"])] == ["_Other"]
+
+
+def test_a_model_without_repeated_blocks_says_how_to_declare_them():
+    from omni_compile.errors import OmniCompileError
+
+    with pytest.raises(OmniCompileError) as e:
+        find_regions(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    assert str(e.value) == (
+        "found no repeated blocks in Sequential: it declares no `_repeated_blocks` and holds no nn.ModuleList of two "
+        "or more modules of one class. Name its block classes: --regions Class1,Class2 (build, inspect), "
+        "omni_compile.compile(model, regions=[...]), or `_repeated_blocks` on the class"
+    )
+    with pytest.raises(OmniCompileError, match=r"none of the block classes \['Nope'\] occurs in _Undeclared; check the "
+                       r"class names \(its lists of identical blocks hold \['_Block', '_Other'\]\)"):
+        find_regions(_Undeclared(), ["Nope"])
+
+
+def test_sd3_declares_no_repeated_blocks_and_is_found_by_its_block_list():
+    from diffusers import SD3Transformer2DModel
+
+    from omni_compile.graphs.regions import discover_block_classes
+
+    assert not getattr(SD3Transformer2DModel, "_repeated_blocks", None)
+    model = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                  num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                                  pooled_projection_dim=8, out_channels=4)  # fmt: skip
+    assert discover_block_classes(model) == ["JointTransformerBlock"]
+    spec = resolve_model("diffusers:SD3Transformer2DModel", regions=["JointTransformerBlock"])
+    assert spec.block_names(model) == ["JointTransformerBlock"]
+    assert resolve_model("diffusers:SD3Transformer2DModel").block_names(model) is None  # found when compiled

@@ -67,7 +67,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
     _sync(device)
     load_seconds = time.perf_counter() - t0
 
-    regions = find_regions(model, spec.adapter.block_names(model) or None)
+    regions = find_regions(model, spec.block_names(model))
     if not regions:
         raise OmniCompileError(f"{spec.source}: no repeated blocks found; nothing to compile ahead of time")
     targets = [aot.Target(r.name, "block", list(r.instances)) for r in regions]

@@ -42,6 +42,7 @@ class InspectOptions:
     text_len: int | None = None
     model_config: dict[str, Any] | None = None
     example_inputs: str | None = None
+    regions: list[str] | None = None
     compile: CompileConfig = field(default_factory=CompileConfig)
     profile: bool = False
     dynamo: bool = True
@@ -180,6 +181,7 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
 
     bopts = BuildOptions(model=opts.target, shapes=opts.shapes, dtype=opts.dtype, device=opts.device, seed=opts.seed,
                          text_len=opts.text_len, example_inputs=opts.example_inputs, model_config=opts.model_config,
+                         regions=opts.regions,
                          compile=opts.compile, mode="jit")  # fmt: skip
     spec, dtype, device, buckets, _ = resolve_build(bopts)
     on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
@@ -193,7 +195,7 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
     t0 = time.perf_counter()
     cpu_profile = opts.profile and torch.device(device).type == "cpu"
     with _no_caches(cpu_profile), capture_output_code(), _capture_log(RECOMPILES_LOGGER, "recompiles") as recompiles:
-        compile(model, config, regions=spec.adapter.block_names(model) or None, adapter=spec.adapter)
+        compile(model, config, regions=spec.block_names(model), adapter=spec.adapter)
         state = compile_state(model)
         examples = _ExampleCalls(state.regions)
         for bucket in buckets:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
+    from omni_compile.config import region_list
+
     p.add_argument("target", nargs="?", default=None,
                    help="an artifact directory (read from its stored dumps), or a model: preset, diffusers directory "
                    "or module:Class (compiled once here; default flux-tiny)")  # fmt: skip
@@ -24,6 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--text-len", type=int, help="text tokens per prompt in the example inputs")
     p.add_argument("--model-config", help="model config overrides as JSON (presets, module:Class)")
     p.add_argument("--example-inputs", metavar="MODULE:FN", help="example inputs for models without an adapter")
+    p.add_argument("--regions", metavar="CLASS,...", type=region_list, help="block classes to compile, as for build")
     p.add_argument("--profile", action="store_true",
                    help="profile one step per bucket: time per region and per kernel category")
     p.add_argument("--no-dynamo", action="store_true", help="skip the Dynamo view (explain, depyf)")
@@ -43,7 +46,7 @@ def run(args, console) -> int:
     opts = InspectOptions(
         target=args.target, shapes=args.shapes, dtype=args.dtype, device=args.device, seed=args.seed,
         text_len=args.text_len, model_config=_json_arg(args.model_config, "--model-config"),
-        example_inputs=args.example_inputs, compile=compile_config(args), profile=args.profile,
+        example_inputs=args.example_inputs, regions=args.regions, compile=compile_config(args), profile=args.profile,
         dynamo=not args.no_dynamo,
     )  # fmt: skip
     log = (lambda *a, **k: None) if args.quiet else console.print
