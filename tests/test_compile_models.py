@@ -10,6 +10,7 @@ from omni_compile.counters import counters
 from omni_compile.models import resolve_model
 
 from conftest import rel_l2
+from dit_zoo import ZOO
 from generic_model import LTX_TINY
 
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fresh_dynamo", "no_inductor_cache")]
@@ -132,3 +133,39 @@ def test_stride_canonicalisation_saves_a_compile():
     assert rel_l2(out, ref) < 1e-5
     regions = [r.region for r in omni_compile.compile_state(model).records]
     assert sorted(regions) == ["FluxSingleTransformerBlock", "FluxSingleTransformerBlock", "FluxTransformerBlock"]
+
+
+def test_canonical_layout_of_block_inputs():
+    """Size-1 dims get contiguous strides (a view); a permuted input is copied to the contiguous layout (one
+    copy instead of a second graph); an expanded one (stride 0) and a contiguous one are passed as they are."""
+    from omni_compile.compiler import _canonical_strides
+
+    base = torch.randn(1, 32, 16)
+    permuted = base.transpose(1, 2)  # [1, 16, 32], strides (512, 1, 16): a patch embedding's flatten + transpose
+    out = _canonical_strides(permuted)
+    assert out.is_contiguous() and out.stride() == (512, 32, 1) and torch.equal(out, permuted)
+    sliced = torch.randn(1, 40, 16)[:, 8:]  # batch stride 640: a slice of a longer sequence, a free view
+    out = _canonical_strides(sliced)
+    assert out.stride() == (512, 16, 1) and out.data_ptr() == sliced.data_ptr()
+    expanded = torch.randn(1, 1, 16).expand(2, 8, 16)
+    assert _canonical_strides(expanded) is expanded
+    contiguous = torch.randn(2, 8, 16)
+    assert _canonical_strides(contiguous) is contiguous
+    pair = _canonical_strides((permuted, contiguous))
+    assert isinstance(pair, tuple) and pair[0].is_contiguous() and pair[1] is contiguous
+
+
+@pytest.mark.compile
+def test_a_permuted_first_block_input_costs_no_second_compile(fresh_dynamo, no_inductor_cache):
+    """PixArt feeds its first block the patch embedding's transposed output and the next ones contiguous
+    block outputs: one compile for its one region."""
+    cls, config, inputs_ref, shape = ZOO["pixart"]
+    spec = resolve_model(cls, example_inputs=inputs_ref, model_config=config)
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    inp = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.float32, device="cpu", seed=1)
+    with torch.no_grad():
+        ref = model(**inp)[0]
+    omni_compile.compile(model, regions=spec.block_names(model), adapter=spec.adapter)
+    with counters.expect(regions_compiled=1), torch.no_grad():
+        out = model(**inp)[0]
+    assert rel_l2(out, ref) < 1e-5

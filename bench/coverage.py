@@ -1,0 +1,205 @@
+"""Pass coverage across diffusers transformers: which passes match where, on tiny random models on the CPU.
+
+    python bench/coverage.py                       # every model, a table on stdout
+    python bench/coverage.py --only sd3,pixart     # some of them
+    python bench/coverage.py --write               # also docs/data/coverage.json and the table in docs/passes.md
+
+For each model (FLUX and Wan presets, and diffusers classes omni-compile has no adapter for, with the tiny
+configs and example-input functions of tests/generic_model.py and tests/dit_zoo.py), one process-local JIT
+compile (`omni_compile.compile`, Dynamo + Inductor + our passes) of its regions at one bucket, then:
+
+- per pass, the rewrites summed over the region compiles; for the attention pass, the SDPA calls it
+  found and resolved (on the CPU it leaves them to torch: TORCH_SDPA); the GPU-only passes (`gemm_gelu`,
+  `cat_gemm`) are run too, with their device check lifted, so the table shows where they match (their
+  values are then those of the CPU op: `gemm_gelu`'s GELU is the erf form there);
+- what occurs in the model, counted from its modules per region (`census`): RMSNorms, LayerNorms without
+  affine (the norm of an AdaLN), attention modules, tanh-GELUs. A pass whose pattern occurs and that
+  matched less is a gap; `NOTES` says why where that is known;
+- parity: relative L2 of the compiled output against eager on the same weights and inputs;
+- compiles: region compiles, which must be one per region and call shape (regions x buckets, unless a
+  region's instances run at several shapes in one bucket); more is a recompile (a layout or guard).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the example-input functions of the generic models
+
+SHAPE_OF_PRESET = {"flux-tiny": "64x64", "wan-tiny": "64x96x9"}
+PASSES = ("rms_norm", "qk_norm_rope", "adaln", "gated_residual", "gemm_gelu", "cat_gemm", "attention")
+# Why a pass matches less than its pattern occurs, where that is known (filled as the passes grow).
+NOTES: dict[tuple[str, str], str] = {}
+
+
+def models() -> dict[str, tuple]:
+    """name -> (model ref, config overrides, example-input ref or None, bucket, kind)."""
+    from dit_zoo import ZOO
+    from generic_model import GENERIC_MODELS
+
+    out = {
+        "flux": ("flux-tiny", {}, None, SHAPE_OF_PRESET["flux-tiny"], "image, MMDiT + single-stream (adapter)"),
+        "wan": ("wan-tiny", {}, None, SHAPE_OF_PRESET["wan-tiny"], "video (adapter)"),
+    }
+    for name, (cls, config, inputs, shape) in {**GENERIC_MODELS, **ZOO}.items():
+        out[name] = (cls, config, inputs, shape, KINDS.get(name, ""))
+    return out
+
+
+KINDS = {
+    "ltx-video": "video",
+    "chroma": "image, MMDiT + single-stream",
+    "qwen-image": "image, MMDiT",
+    "sd3": "image, MMDiT",
+    "pixart": "image, single-stream (adaLN-single)",
+    "sana": "image, linear attention",
+    "cogvideox": "video, joint text+video",
+    "hunyuan-video": "video, double + single stream",
+    "stable-audio": "audio",
+    "lumina2": "image, single-stream",
+    "auraflow": "image, MMDiT + single-stream",
+}
+
+
+def census(module) -> dict[str, int]:
+    """What one block holds that a pass is about: RMSNorms, AdaLN norms (LayerNorm without affine),
+    attention modules, tanh-GELUs."""
+    import torch
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.normalization import RMSNorm
+
+    counts = {"rms_norm": 0, "adaln": 0, "attention": 0, "gemm_gelu": 0}
+    for m in module.modules():
+        if isinstance(m, (RMSNorm, torch.nn.RMSNorm)):
+            counts["rms_norm"] += 1
+        elif isinstance(m, torch.nn.LayerNorm) and not m.elementwise_affine:
+            counts["adaln"] += 1
+        elif isinstance(m, (Attention, AttentionModuleMixin)):
+            counts["attention"] += 1
+        if (isinstance(m, torch.nn.GELU) and m.approximate == "tanh") or (
+            type(m).__name__ == "GELU" and getattr(m, "approximate", None) == "tanh"
+        ):
+            counts["gemm_gelu"] += 1
+    return counts
+
+
+def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: str) -> dict:
+    """Compile one model's regions at `shape` (CPU, fp32) and report matches, census, parity and compiles."""
+    import torch
+
+    import omni_compile
+    from omni_compile.config import CompileConfig, ShapeBucket
+    from omni_compile.models import resolve_model
+    from omni_compile.passes import cat_gemm, gemm_gelu
+
+    torch._dynamo.reset()
+    spec = resolve_model(ref, example_inputs=inputs_ref, model_config=config or None)
+    model = spec.load(dtype=torch.float32, device="cpu", seed=0)
+    bucket = ShapeBucket.parse(shape)
+    inputs = spec.adapter.example_inputs(model, bucket, dtype=torch.float32, device="cpu", text_len=spec.text_len,
+                                         seed=1)  # fmt: skip
+    with torch.no_grad():
+        ref_out = model(**inputs)[0]
+    lifted = (gemm_gelu._gelu_is_tanh_on, gemm_gelu.GemmGeluPass.is_applicable, cat_gemm.CatGemmPass.is_applicable)
+    gemm_gelu._gelu_is_tanh_on = lambda device: True
+    gemm_gelu.GemmGeluPass.is_applicable = cat_gemm.CatGemmPass.is_applicable = lambda self, platform, config: True
+    t0 = time.perf_counter()
+    try:
+        omni_compile.compile(model, CompileConfig(passes=["+gated_residual"]), regions=spec.block_names(model),
+                             adapter=spec.adapter)  # fmt: skip
+        with torch.no_grad():
+            out = model(**inputs)[0]
+    finally:
+        gemm_gelu._gelu_is_tanh_on, gemm_gelu.GemmGeluPass.is_applicable, cat_gemm.CatGemmPass.is_applicable = lifted
+    seconds = time.perf_counter() - t0
+    state = omni_compile.compile_state(model)
+    matches = {p: 0 for p in PASSES}
+    calls = 0
+    for rec in state.records:
+        for p, n in rec.passes.items():
+            if p in matches:
+                matches[p] += n
+        calls += sum(r["count"] for r in rec.attention.values())
+    matches["attention"] = calls  # calls found and resolved (on the CPU: left to torch's SDPA)
+    occurs = {k: 0 for k in ("rms_norm", "adaln", "attention", "gemm_gelu")}
+    for region in state.regions:
+        for k, v in census(region.instances[0][1]).items():
+            occurs[k] += v
+    err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm())
+    return {
+        "model": name,
+        "class": type(model).__name__,
+        "regions": [f"{r.name} x{len(r.instances)}" for r in state.regions],
+        "bucket": shape,
+        "compiles": len(state.records),
+        # one compile per region and call shape: a region whose instances run at several shapes in one bucket
+        # (Lumina2's refiners and layers) compiles once per shape; more than that is a recompile
+        "expected_compiles": len({(r.region, repr([(i[1], i[3]) for i in r.inputs if i[0] == "tensor"]))
+                                  for r in state.records}),
+        "matches": matches,
+        "occurs": occurs,
+        "rel_l2": err,
+        "compile_s": round(seconds, 1),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown coverage table: per model, per pass matches (and what occurs, as matched/occurring)."""
+    head = ["model", "class (kind)", "regions", "compiles", *PASSES, "rel L2 vs eager"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = []
+        for p in PASSES:
+            n, occ = r["matches"][p], r["occurs"].get(p)
+            cell = f"{n}" if occ is None else f"{n}/{occ}"
+            if (r["model"], p) in NOTES:
+                cell += f" ({NOTES[(r['model'], p)]})"
+            cells.append(cell)
+        compiles = f"{r['compiles']}" + ("" if r["compiles"] == r["expected_compiles"] else f" (expected {r['expected_compiles']})")
+        kind = r.get("kind", "")
+        lines.append(f"| {r['model']} | {r['class']} ({kind}) | {', '.join(r['regions'])} | {compiles} | "
+                     + " | ".join(cells) + f" | {r['rel_l2']:.1e} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma list of model names")
+    ap.add_argument("--write", action="store_true", help="write docs/data/coverage.json and the docs/passes.md table")
+    args = ap.parse_args()
+    todo = models()
+    if args.only:
+        todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
+    rows = []
+    for name, (ref, config, inputs_ref, shape, kind) in todo.items():
+        print(f"# {name}: {ref} at {shape}", file=sys.stderr, flush=True)
+        try:
+            row = {**measure(name, ref, config, inputs_ref, shape), "kind": kind}
+        except Exception as e:  # a model that fails is a row of the table, not the end of it
+            row = {"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"  ERROR {row['error']}", file=sys.stderr)
+        rows.append(row)
+    ok = [r for r in rows if "error" not in r]
+    print(table(ok))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']}: {r['error']}")
+    if args.write:
+        (ROOT / "docs" / "data" / "coverage.json").write_text(json.dumps(rows, indent=2) + "\n")
+        doc = ROOT / "docs" / "passes.md"
+        text = doc.read_text()
+        start, end = "<!-- coverage:start -->", "<!-- coverage:end -->"
+        if start in text and end in text:
+            text = text[: text.index(start) + len(start)] + "\n" + table(ok) + "\n" + text[text.index(end):]
+            doc.write_text(text)
+    return 1 if len(ok) < len(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
