@@ -12,8 +12,8 @@ compile (`omni_compile.compile`, Dynamo + Inductor + our passes) of its regions 
   found and resolved (on the CPU it leaves them to torch: TORCH_SDPA); the GPU-only passes (`gemm_gelu`,
   `cat_gemm`) are run too, with their device check lifted, so the table shows where they match (their
   values are then those of the CPU op: `gemm_gelu`'s GELU is the erf form there);
-- what occurs in the model, counted from its modules per region (`census`): RMSNorms, LayerNorms without
-  affine (the norm of an AdaLN), attention modules, tanh-GELUs. A pass whose pattern occurs and that
+- what occurs in the model, counted from its modules per compiled region (`census`): RMSNorms, norms without
+  affine parameters (LayerNorm or RMSNorm: what an AdaLN modulates), attention modules, tanh-GELUs. A pass whose pattern occurs and that
   matched less is a gap; `NOTES` says why where that is known;
 - parity: relative L2 of the compiled output against eager on the same weights and inputs;
 - compiles: region compiles, which must be one per region and call shape (regions x buckets, unless a
@@ -67,21 +67,24 @@ KINDS = {
 
 
 def census(module) -> dict[str, int]:
-    """What one block holds that a pass is about: RMSNorms, AdaLN norms (LayerNorm without affine),
-    attention modules, tanh-GELUs."""
+    """What one block holds that a pass is about: RMSNorms, the norms an AdaLN modulates (LayerNorm or RMSNorm
+    without affine parameters, outside the attention modules, whose norms are QK-norms), attention modules,
+    tanh-GELUs."""
     import torch
     from diffusers.models.attention import AttentionModuleMixin
     from diffusers.models.attention_processor import Attention
     from diffusers.models.normalization import RMSNorm
 
     counts = {"rms_norm": 0, "adaln": 0, "attention": 0, "gemm_gelu": 0}
-    for m in module.modules():
+    attention = [p for p, m in module.named_modules() if isinstance(m, (Attention, AttentionModuleMixin))]
+    counts["attention"] = len(attention)
+    for path, m in module.named_modules():
+        in_attention = any(path.startswith(a + ".") for a in attention)  # a QK-norm is not an AdaLN's norm
         if isinstance(m, (RMSNorm, torch.nn.RMSNorm)):
             counts["rms_norm"] += 1
-        elif isinstance(m, torch.nn.LayerNorm) and not m.elementwise_affine:
+            counts["adaln"] += getattr(m, "weight", None) is None and not in_attention
+        elif isinstance(m, torch.nn.LayerNorm) and not m.elementwise_affine and not in_attention:
             counts["adaln"] += 1
-        elif isinstance(m, (Attention, AttentionModuleMixin)):
-            counts["attention"] += 1
         if (isinstance(m, torch.nn.GELU) and m.approximate == "tanh") or (
             type(m).__name__ == "GELU" and getattr(m, "approximate", None) == "tanh"
         ):
@@ -128,8 +131,9 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
         calls += sum(r["count"] for r in rec.attention.values())
     matches["attention"] = calls  # calls found and resolved (on the CPU: left to torch's SDPA)
     occurs = {k: 0 for k in ("rms_norm", "adaln", "attention", "gemm_gelu")}
-    for region in state.regions:
-        for k, v in census(region.instances[0][1]).items():
+    per_region = {region.name: census(region.instances[0][1]) for region in state.regions}
+    for rec in state.records:  # what each compiled graph holds
+        for k, v in per_region[rec.region].items():
             occurs[k] += v
     err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm())
     return {
