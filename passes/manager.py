@@ -31,6 +31,7 @@ from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
 from omni_compile.passes.attention import AttentionPass
 from omni_compile.passes.cat_gemm import CatGemmPass
+from omni_compile.passes.complex_mul import ComplexMulPass
 from omni_compile.passes.gated_residual import GatedResidualPass
 from omni_compile.passes.gemm_gelu import GemmGeluPass
 from omni_compile.passes.lower_fused_ops import LowerFusedOpsPass
@@ -42,6 +43,7 @@ logger = logging.getLogger("omni_compile.passes")
 
 # The fixed order passes run in. Fusion passes first, lowering of fused ops last.
 PASS_ORDER: tuple[type[OmniPass], ...] = (
+    ComplexMulPass,
     RMSNormPass,
     QKNormRopePass,
     AdaLNPass,
