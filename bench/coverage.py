@@ -3,6 +3,7 @@
     python bench/coverage.py                       # every model, a table on stdout
     python bench/coverage.py --only sd3,pixart     # some of them
     python bench/coverage.py --write               # also docs/data/coverage.json and the table in docs/passes.md
+    python bench/coverage.py --fast                # no lowering: seconds a model (the CPU tests' mode)
 
 For each model (FLUX and Wan presets, and diffusers classes omni-compile has no adapter for, with the tiny
 configs and example-input functions of tests/generic_model.py and tests/dit_zoo.py), one process-local JIT
@@ -23,6 +24,7 @@ compile (`omni_compile.compile`, Dynamo + Inductor + our passes) of its regions 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -32,9 +34,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the example-input functions of the generic models
 
 SHAPE_OF_PRESET = {"flux-tiny": "64x64", "wan-tiny": "64x96x9"}
-PASSES = ("rms_norm", "qk_norm_rope", "adaln", "gated_residual", "gemm_gelu", "cat_gemm", "attention")
-# Why a pass matches less than its pattern occurs, where that is known (filled as the passes grow).
-NOTES: dict[tuple[str, str], str] = {}
+PASSES = ("complex_mul", "rms_norm", "qk_norm_rope", "adaln", "gated_residual", "gemm_gelu", "cat_gemm", "attention")
+# Why a pass matches less than its pattern occurs, or nothing where a reader would expect it to.
+NOTES: dict[tuple[str, str], str] = {
+    ("sana", "attention"): "attn1 is linear attention (no softmax, no SDPA call)",
+    ("cogvideox", "adaln"): "its norms have an affine (LayerNorm with weight and bias, then the modulation): not "
+                            "the op's contract",
+    ("lumina2", "adaln"): "RMSNorm with a weight, then `* (1 + scale)`: not the op's contract",
+    ("stable-audio", "adaln"): "no modulation (the conditioning is prepended to the sequence)",
+}
+# QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables and Wan's per-pair tables. In the
+# other models the norm (rms_norm) and the rotation (plain arithmetic, complex_mul's where the model writes
+# it as a complex product) are compiled by Inductor as they are, not fused into one kernel.
+QK_ROPE_NOTE = "norm and rotation compiled apart (other table layout)"
+for _name in ("ltx-video", "qwen-image", "hunyuan-video", "lumina2"):
+    NOTES[(_name, "qk_norm_rope")] = QK_ROPE_NOTE
 
 
 def models() -> dict[str, tuple]:
@@ -92,8 +106,42 @@ def census(module) -> dict[str, int]:
     return counts
 
 
-def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: str) -> dict:
-    """Compile one model's regions at `shape` (CPU, fp32) and report matches, census, parity and compiles."""
+@contextlib.contextmanager
+def passes_only():
+    """Inductor without its lowering: Dynamo's graph goes through AOTAutograd with Inductor's decompositions
+    and Inductor's post-grad passes (ours among them, as in a real compile), and the rewritten ATen graph
+    then runs as it is. The same matches in seconds instead of a C++ compile per region (--fast; the tests)."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    real = compile_fx_module.compile_fx
+
+    def compile_fx(gm, example_inputs, config_patches=None, **kwargs):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._guards import detect_fake_mode
+        from torch._inductor import config
+        from torch._inductor.decomposition import select_decomp_table
+        from torch._inductor.fx_passes.post_grad import post_grad_passes, view_to_reshape
+        from torch._inductor.virtualized import V
+
+        def forward_compiler(graph_module, inputs):
+            with config.patch(config_patches or {}), V.set_fake_mode(detect_fake_mode(inputs)):
+                view_to_reshape(graph_module)
+                post_grad_passes(graph_module, is_inference=True)
+            graph_module.recompile()
+            return graph_module
+
+        return aot_autograd(fw_compiler=forward_compiler, decompositions=select_decomp_table())(gm, example_inputs)
+
+    compile_fx_module.compile_fx = compile_fx
+    try:
+        yield
+    finally:
+        compile_fx_module.compile_fx = real
+
+
+def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: str, fast: bool = False) -> dict:
+    """Compile one model's regions at `shape` (CPU, fp32) and report matches, census, parity and compiles
+    (`fast`: through `passes_only`, no lowering)."""
     import torch
 
     import omni_compile
@@ -116,7 +164,7 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
     try:
         omni_compile.compile(model, CompileConfig(passes=["+gated_residual"]), regions=spec.block_names(model),
                              adapter=spec.adapter)  # fmt: skip
-        with torch.no_grad():
+        with torch.no_grad(), (passes_only() if fast else contextlib.nullcontext()):
             out = model(**inputs)[0]
     finally:
         gemm_gelu._gelu_is_tanh_on, gemm_gelu.GemmGeluPass.is_applicable, cat_gemm.CatGemmPass.is_applicable = lifted
@@ -176,6 +224,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma list of model names")
     ap.add_argument("--write", action="store_true", help="write docs/data/coverage.json and the docs/passes.md table")
+    ap.add_argument("--fast", action="store_true", help="our passes inside Inductor's post-grad passes, no lowering "
+                    "(seconds a model; what the tests run)")
     args = ap.parse_args()
     todo = models()
     if args.only:
@@ -184,7 +234,7 @@ def main() -> int:
     for name, (ref, config, inputs_ref, shape, kind) in todo.items():
         print(f"# {name}: {ref} at {shape}", file=sys.stderr, flush=True)
         try:
-            row = {**measure(name, ref, config, inputs_ref, shape), "kind": kind}
+            row = {**measure(name, ref, config, inputs_ref, shape, fast=args.fast), "kind": kind}
         except Exception as e:  # a model that fails is a row of the table, not the end of it
             row = {"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"  ERROR {row['error']}", file=sys.stderr)
