@@ -201,6 +201,53 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
     }
 
 
+def artifact_round_trip(name: str, ref: str, config: dict, inputs_ref: str | None, shape: str, root: Path) -> dict:
+    """The CLI a user runs, on one model with no adapter: `build module:Class`, `verify`, `inspect` of the
+    artifact, then another checkpoint of the architecture saved as a diffusers directory, `build DIR` (its
+    files from the first build's store) and `verify --weights DIR`. Each step: ok, seconds, and the error."""
+    import os
+    import subprocess
+
+    import torch
+
+    from omni_compile.models import resolve_model
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p))  # fmt: skip
+    steps: dict[str, dict] = {}
+
+    def cli(step: str, *args: str) -> None:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", *args], env=env, capture_output=True,
+                              text=True)  # fmt: skip
+        steps[step] = {"ok": proc.returncode == 0, "seconds": round(time.perf_counter() - t0, 1)}
+        if proc.returncode:
+            steps[step]["error"] = proc.stderr.strip().splitlines()[-1][:300] if proc.stderr.strip() else "no output"
+        print(f"  {step}: {'ok' if proc.returncode == 0 else 'FAILED'} ({steps[step]['seconds']} s)", file=sys.stderr)
+
+    store = f"file://{root / 'store'}"
+    inputs = ["--example-inputs", inputs_ref] if inputs_ref else []
+    cli("build module:Class", "build", ref, "--model-config", json.dumps(config), *inputs, "--shapes", shape,
+        "--device", "cpu", "--store", store, "--out", str(root / "class"))  # fmt: skip
+    cli("verify", "verify", str(root / "class"), "--json")
+    cli("inspect", "inspect", str(root / "class"), "--json", str(root / "inspect.json"), "-q")
+    model = resolve_model(ref, model_config=config).load(dtype=torch.float32, device="cpu", seed=7)
+    model.save_pretrained(root / "weights")
+    cli("build DIR", "build", str(root / "weights"), *inputs, "--shapes", shape, "--store", store, "--parity", "always",
+        "--out", str(root / "dir"))  # fmt: skip
+    cli("verify --weights DIR", "verify", str(root / "dir"), "--weights", str(root / "weights"), "--json")
+    return {"model": name, "class": ref, "bucket": shape, "steps": steps}
+
+
+def artifact_table(rows: list[dict]) -> str:
+    steps = list(rows[0]["steps"]) if rows else []
+    lines = ["| model | " + " | ".join(steps) + " |", "|" + "---|" * (len(steps) + 1)]
+    for r in rows:
+        cells = [f"ok, {v['seconds']} s" if v["ok"] else f"**failed**: {v.get('error', '')}" for v in r["steps"].values()]
+        lines.append(f"| {r['model']} ({r['class'].split(':')[-1]}, {r['bucket']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """The markdown coverage table: per model, per pass matches (and what occurs, as matched/occurring)."""
     head = ["model", "class (kind)", "regions", "compiles", *PASSES, "rel L2 vs eager"]
@@ -226,10 +273,15 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="write docs/data/coverage.json and the docs/passes.md table")
     ap.add_argument("--fast", action="store_true", help="our passes inside Inductor's post-grad passes, no lowering "
                     "(seconds a model; what the tests run)")
+    ap.add_argument("--artifacts", action="store_true", help="instead: the CLI round trip (build module:Class, verify, "
+                    "inspect, build DIR, verify --weights DIR) of each model without an adapter; with --write, into "
+                    "docs/data/coverage_artifacts.json and docs/passes.md")
     args = ap.parse_args()
     todo = models()
     if args.only:
         todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
+    if args.artifacts:
+        return _artifacts_main(todo, args.write)
     rows = []
     for name, (ref, config, inputs_ref, shape, kind) in todo.items():
         print(f"# {name}: {ref} at {shape}", file=sys.stderr, flush=True)
@@ -253,6 +305,28 @@ def main() -> int:
             text = text[: text.index(start) + len(start)] + "\n" + table(ok) + "\n" + text[text.index(end):]
             doc.write_text(text)
     return 1 if len(ok) < len(rows) else 0
+
+
+def _artifacts_main(todo: dict, write: bool) -> int:
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="omni-coverage-") as tmp:
+        for name, (ref, config, inputs_ref, shape, _) in todo.items():
+            if inputs_ref is None:
+                continue  # the FLUX and Wan presets: their round trip is the artifact tests'
+            print(f"# {name}: {ref} at {shape}", file=sys.stderr, flush=True)
+            rows.append(artifact_round_trip(name, ref, config, inputs_ref, shape, Path(tmp) / name))
+    print(artifact_table(rows))
+    if write:
+        (ROOT / "docs" / "data" / "coverage_artifacts.json").write_text(json.dumps(rows, indent=2) + "\n")
+        doc = ROOT / "docs" / "passes.md"
+        text = doc.read_text()
+        start, end = "<!-- artifacts:start -->", "<!-- artifacts:end -->"
+        if start in text and end in text:
+            text = text[: text.index(start) + len(start)] + "\n" + artifact_table(rows) + "\n" + text[text.index(end):]
+            doc.write_text(text)
+    return 0 if all(v["ok"] for r in rows for v in r["steps"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -513,3 +513,35 @@ def test_measured_choice_on_cuda(fresh_dynamo, no_inductor_cache):
         (times,) = entry["measured"].values()
         assert entry["implementation"] == fastest(times) and "TORCH_SDPA" in times, entry
     assert err < 2e-2
+
+
+class _ExplicitAttentionBlock(torch.nn.Module):
+    """Attention written out: softmax(q kᵀ / sqrt(d)) v, no SDPA call."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
+        a = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+        return self.o(a.transpose(1, 2).reshape(b, s, d)) + x
+
+
+@pytest.mark.compile
+def test_attention_written_out_is_found_as_an_attention_call(fresh_dynamo, no_inductor_cache):
+    """Inductor's own attention patterns (fuse_attention) turn an explicit softmax(QKᵀ)V into SDPA before our
+    passes run, so the attention pass routes it like any SDPA call (on a GPU: to the measured backend)."""
+    import omni_compile
+
+    model = torch.nn.Sequential(_ExplicitAttentionBlock(), _ExplicitAttentionBlock()).eval()
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        ref = model(x)
+        omni_compile.compile(model, regions=["_ExplicitAttentionBlock"])
+        out = model(x)
+    (rec,) = omni_compile.compile_state(model).records
+    assert [r["count"] for r in rec.attention.values()] == [1], rec.attention
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
