@@ -56,15 +56,17 @@ def test_compile_config_hash_covers_codegen_fields_only():
 
 
 def test_pass_switches():
-    everything = ["rms_norm", "qk_norm_rope", "adaln", "gated_residual", "attention", "lower_fused_ops"]
-    assert resolve_enabled([]) == ["rms_norm", "qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
-    assert resolve_enabled(["-rms_norm"]) == ["qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
+    everything = ["complex_mul", "rms_norm", "qk_norm_rope", "adaln", "gated_residual", "gemm_gelu", "cat_gemm",
+                  "attention", "lower_fused_ops"]  # fmt: skip
+    default = [p for p in everything if p != "gated_residual"]
+    assert resolve_enabled([]) == default
+    assert resolve_enabled(["-rms_norm"]) == [p for p in default if p != "rms_norm"]
     assert resolve_enabled(["+gated_residual"]) == everything
     assert resolve_enabled(["none", "+rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["none,rms_norm"]) == ["rms_norm"]
     assert resolve_enabled(["-rms_norm", "all"]) == everything
     assert resolve_enabled(["all", "-qk_norm_rope"]) == [p for p in everything if p != "qk_norm_rope"]
-    passes = "rms_norm, qk_norm_rope, adaln, gated_residual, attention, lower_fused_ops"
+    passes = ", ".join(everything)
     with pytest.raises(ConfigError, match=f"unknown pass 'rms' in switch '-rms'; passes are {passes}"):
         resolve_enabled(["-rms"])
 
@@ -74,8 +76,10 @@ def test_env_switch_applies_on_top(monkeypatch):
     from omni_compile.platform import current_platform
 
     monkeypatch.setenv("OMNI_COMPILE_PASSES", "-rms_norm")
-    enabled = PassManager(CompileConfig(), current_platform("cpu")).enabled
-    assert enabled == ["qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
+    pm = PassManager(CompileConfig(), current_platform("cpu"))
+    assert pm.enabled == ["complex_mul", "qk_norm_rope", "adaln", "gemm_gelu", "cat_gemm", "attention", "lower_fused_ops"]
+    # enabled, but the GPU-only passes do not apply on the CPU
+    assert [p.name for p in pm.passes] == ["complex_mul", "qk_norm_rope", "adaln", "attention", "lower_fused_ops"]
 
 
 def test_kernel_choices(monkeypatch):
