@@ -222,7 +222,7 @@ def main() -> int:
             env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(workdir / f"inductor-{workload}-{mode}-{len(results)}"))
             cmd = [
                 sys.executable,
-                "-P",  # not bench/ on sys.path: bench/kernels.py would shadow the `kernels` package transformers probes
+                "-P",  # not bench/ on sys.path: a bench/ module could shadow the `kernels` package transformers probes
                 __file__,
                 "--steps",
                 str(args.steps),

@@ -16,6 +16,11 @@
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
 #   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a per-category profile of the omni mode
+#   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs
+#   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
+#   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
+#   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
+#   inspect    `omni-compile inspect flux-dev --profile` at 1024x1024: the per-category profile
 # Env: DEADLINE (s, default 570) stops starting new work near the end; each stage writes its JSON and log
 # as it goes, so a stage cut short keeps what it measured.
 set -u
@@ -67,11 +72,24 @@ for stage in "$@"; do
         run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "$E2E_MODES" --profile-modes omni,stock-fa3 \
           --json "$OUT/e2e_$w.json"
       done ;;
+    artifact)
+      run artifact 540 python3 -P bench/artifact.py --workloads W1,W3 --json "$OUT/artifact.json" ;;
+    store)
+      run store 400 python3 -P bench/store.py --model flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
+        --store file:///tmp/w1store/store --modes first,second --keep /tmp/w1store --json "$OUT/store.json" ;;
+    serve)
+      run serve 300 python3 -P bench/serve.py --artifact /tmp/w1store/second-0 --steps 28 --reps 3 \
+        --json "$OUT/serve.json" ;;
+    kernels)
+      run kernels 300 python3 -P bench/fused_ops.py --json "$OUT/kernels.json" ;;
+    inspect)
+      run inspect 300 python3 -P -m omni_compile.cli inspect flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
+        --profile --out /tmp/insp --json "$OUT/inspect.json" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
 echo "=== tables ==="
-for f in attention e2e_w3 e2e_W1 e2e_W2; do
+for f in attention kernels e2e_w3 e2e_W1 e2e_W2 artifact store serve inspect; do
   [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
 done
 grep -hE "Traceback|Error|error:" "$OUT"/*.log 2>/dev/null | sort | uniq -c | sort -rn | head -8

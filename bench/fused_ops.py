@@ -9,8 +9,8 @@ and reports the median and min/max GPU time (cold L2, host overhead hidden; see 
 output written once), the bandwidth that gives, its fraction of the H200's 4300 GB/s, our speedup over
 Inductor, and the max error of each output against the eager one (max |out - eager| / max |eager|).
 
-    python bench/kernels.py [--json rows.json] [--only rope] [--sweep]
-    python bench/kernels.py --device cpu --quick      # smoke test: tiny shapes, Triton interpreter
+    python bench/fused_ops.py [--json rows.json] [--only rope] [--sweep]
+    python bench/fused_ops.py --device cpu --quick      # smoke test: tiny shapes, Triton interpreter
 
 `--sweep` also times our kernels' tiling variants (the `config` of each module's `_launch`).
 """
