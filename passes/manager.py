@@ -157,6 +157,8 @@ class PassManager(CustomGraphPass):
                 p = _pattern_pass(cls, json.dumps(options, sort_keys=True))
             if p.is_applicable(platform, config):
                 self.passes.append(p)
+        # What runs here: the switched-on passes that apply to this platform (gemm_gelu, cat_gemm: GPUs).
+        self.enabled = [p.name for p in self.passes]
 
     def prepare(self) -> None:
         """Trace the pattern passes' patterns now, outside any compile (they are deferred so that a

@@ -231,7 +231,7 @@ def test_rows_name_their_bucket_and_call(flux, wan, artifact_inspection):
     from rich.console import Console
 
     from omni_compile.inspect.html import render
-    from omni_compile.inspect.report import pass_rows, print_summary, region_rows
+    from omni_compile.inspect.report import pass_rows, print_summary, profile_rows, region_rows
 
     for report in (flux, wan, artifact_inspection[2]):
         rows = region_rows(report)
@@ -243,7 +243,8 @@ def test_rows_name_their_bucket_and_call(flux, wan, artifact_inspection):
         console = Console(width=1000, record=True, file=io.StringIO())
         print_summary(console, report)
         lines = [line for line in console.export_text().splitlines() if line.startswith("│")]
-        assert len(lines) == len(rows) + len(passes)  # one line per row (nothing folds at this width) ...
+        # one line per row (nothing folds at this width; the profile table's rows come last) ...
+        assert len(lines) == len(rows) + len(passes) + len(profile_rows(report.get("profile")))
         assert len(set(lines)) == len(lines)  # ... and no two rows read the same
         html = render(report)
         for region in report["regions"]:
