@@ -76,7 +76,7 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
     import torch
 
     import omni_compile
-    from omni_compile.artifact.build import bucket_output
+    from omni_compile.artifact.parity import bucket_output
     from omni_compile.artifact.loader import _compilations
 
     model, inputs, device, sync, init_s = _setup(workloads, seed)

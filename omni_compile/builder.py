@@ -19,96 +19,25 @@ import socket
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import omni_compile
-from omni_compile.compiler import RegionCompile, compile, compile_state, make_pass_manager
-from omni_compile.config import CompileConfig, ShapeBucket, dtype_name, parse_dtype
+from omni_compile.build.session import BuildEvents, BuildOptions, BuildSession, check_out, sync
+from omni_compile.compiler import RegionCompile, compile, compile_state
+from omni_compile.config import dtype_name
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs.regions import count_parameters
-from omni_compile.models import resolve_model
 from omni_compile.passes.lower_fused_ops import record_resolution
-from omni_compile.platform import current_platform
+
+__all__ = ["BuildEvents", "BuildOptions", "build", "build_report"]
 
 logger = logging.getLogger("omni_compile.builder")
 
 REPORT = "build_report.json"
 CACHE_BUNDLE = "inductor_cache.bin"
-
-
-@dataclass
-class BuildOptions:
-    model: str | None = None
-    shapes: str | None = None
-    dtype: str | None = None
-    device: str | None = None
-    out: str | None = None
-    seed: int = 0
-    text_len: int | None = None
-    example_inputs: str | None = None
-    model_config: dict[str, Any] | None = None
-    regions: list[str] | None = None  # block classes to compile (default: _repeated_blocks, else discovered)
-    compile: CompileConfig = field(default_factory=CompileConfig)
-    cache_from: str | None = None
-    store: str | None = None  # aot: file://PATH or redis://... store of compiled files; jit: Inductor's remote caches (redis)
-    format: str | None = None  # aot mode: "aoti-package" or "inductor-standalone" (None: by device, aot.FORMATS)
-    force: bool = False
-    mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
-    parity: str = "auto"  # aot: "auto" skips the check when the store's publishers checked every file; "always"
-
-
-@dataclass
-class BuildEvents:
-    """Callbacks the CLI uses for its progress display."""
-
-    on_stage: Callable[[str], None] = lambda msg: None
-    on_region_compiled: Callable[[RegionCompile], None] = lambda rec: None
-    on_bucket_done: Callable[[ShapeBucket, float, int], None] = lambda bucket, seconds, compiles: None
-    on_warning: Callable[[str], None] = lambda msg: None
-
-
-def _resolve_device(requested: str | None, default: str | None) -> str:
-    device = requested or default or ("cuda" if torch.cuda.is_available() else "cpu")
-    kind = torch.device(device).type
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} requested but this machine has no CUDA GPU; use --device cpu")
-    if kind not in ("cuda", "cpu", "xpu"):
-        raise ConfigError(f"unsupported device {device!r}; use cuda, cpu or xpu")
-    return device
-
-
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ConfigError(f"output {out} exists and is not empty; pass --force to replace it or choose another --out")
-
-
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def resolve_build(opts: BuildOptions):
-    """(spec, dtype, device, buckets, pass manager) for `opts`, both modes. Model, shapes, pass
-    switches, pass options and kernel choices (a kernel asked for by name must be able to run on this
-    platform) are checked here, before any slow work."""
-    spec = resolve_model(opts.model, example_inputs=opts.example_inputs, model_config=opts.model_config,
-                         regions=opts.regions)
-    device = _resolve_device(opts.device, spec.default_device)
-    # A model with no preset: bf16 on an accelerator, fp32 on the CPU (where bf16 is slow and rarely meant).
-    dtype = parse_dtype(opts.dtype or spec.default_dtype or ("fp32" if torch.device(device).type == "cpu" else "bf16"))
-    shapes = opts.shapes or spec.default_shapes
-    if not shapes:
-        raise ConfigError(f"{spec.source} has no default shapes; pass --shapes (e.g. 1024x1024)")
-    buckets = ShapeBucket.parse_list(shapes)
-    for bucket in buckets:
-        spec.adapter.check_bucket(bucket)
-    pm = make_pass_manager(opts.compile, current_platform(device), spec.adapter)
-    return spec, dtype, device, buckets, pm
 
 
 def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, Any]:
@@ -127,26 +56,25 @@ def build(opts: BuildOptions, events: BuildEvents | None = None) -> dict[str, An
 
         return build_artifact(opts, events)
     t_start = time.perf_counter()
-    spec, dtype, device, buckets, _ = resolve_build(opts)
+    session = BuildSession.resolve(opts)
     out = Path(opts.out) if opts.out else None
     if out is not None:
-        _check_out(out, opts.force)
+        check_out(out, opts.force)
 
     warm = None
     if opts.cache_from:
         warm = _load_cache_bundle(Path(opts.cache_from))
         events.on_stage(f"loaded Inductor cache bundle from {opts.cache_from} ({warm['bytes']} bytes)")
 
-    events.on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
+    events.on_stage(f"loading {session.spec.source} ({dtype_name(session.dtype)}, {session.device})")
     t0 = time.perf_counter()
-    model = spec.load(dtype=dtype, device=device, seed=opts.seed)
-    _sync(device)
+    model = session.load_model()
     load_seconds = time.perf_counter() - t0
 
     before = _remote_counts()
     remote = _inductor_remote_caches(opts.store, events) if opts.store else contextlib.nullcontext()
     with remote as store_report:
-        report = _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, warm, t_start)
+        report = _build_jit(session, events, model, load_seconds, warm, t_start)
     if store_report is not None:
         now = _remote_counts()
         report["store"] = {**store_report, **{k: now[k] - before[k] for k in now}}
@@ -201,10 +129,11 @@ def _remote_counts() -> dict[str, int]:
     return {k: int(dynamo_counters["inductor"].get(k, 0)) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
 
 
-def _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, warm, t_start) -> dict[str, Any]:
+def _build_jit(session: BuildSession, events: BuildEvents, model, load_seconds, warm, t_start) -> dict[str, Any]:
+    spec, device = session.spec, session.device
     compile(
         model,
-        opts.compile,
+        session.opts.compile,
         regions=spec.block_names(model),
         on_region_compiled=events.on_region_compiled,
         adapter=spec.adapter,
@@ -217,17 +146,15 @@ def _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, 
     )
 
     bucket_reports = []
-    for i, bucket in enumerate(buckets, 1):
-        events.on_stage(f"bucket {bucket} ({i}/{len(buckets)}): tracing and compiling each region")
-        inputs = spec.adapter.example_inputs(
-            model, bucket, dtype=dtype, device=device, text_len=opts.text_len or spec.text_len, seed=opts.seed
-        )
+    for i, bucket in enumerate(session.buckets, 1):
+        events.on_stage(f"bucket {bucket} ({i}/{len(session.buckets)}): tracing and compiling each region")
+        inputs = session.example_inputs(model, bucket)
         before = len(state.records)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         with torch.no_grad():
             output = model(**inputs)
-        _sync(device)
+        sync(device)
         first_call = time.perf_counter() - t0
         sample = output[0] if isinstance(output, (tuple, list)) else getattr(output, "sample", output)
         finite = bool(torch.isfinite(sample).all())
@@ -245,9 +172,7 @@ def _build_jit(opts, events, spec, dtype, device, buckets, model, load_seconds, 
             }
         )
 
-    return _report(
-        spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm, time.perf_counter() - t_start
-    )
+    return build_report(session, model, state, bucket_reports, load_seconds, warm, time.perf_counter() - t_start)
 
 
 def _load_cache_bundle(path: Path) -> dict[str, Any]:
@@ -314,7 +239,9 @@ def _sum_matches(records: list[RegionCompile]) -> dict[str, int]:
     return dict(total)
 
 
-def _report(spec, opts, dtype, device, model, state, bucket_reports, load_seconds, warm, total) -> dict[str, Any]:
+def build_report(session: BuildSession, model, state, bucket_reports, load_seconds, warm, total) -> dict[str, Any]:
+    """The JIT build report (schema build-report/1) of a compiled `model` (`compile_state` is `state`)."""
+    spec, opts = session.spec, session.opts
     records = state.records
     regions = []
     for region in state.regions:
@@ -347,8 +274,8 @@ def _report(spec, opts, dtype, device, model, state, bucket_reports, load_second
             "weights": spec.weights if spec.weights != "random" else f"random seed {opts.seed}",
             "parameters": count_parameters(model),
         },
-        "dtype": dtype_name(dtype),
-        "device": device,
+        "dtype": dtype_name(session.dtype),
+        "device": session.device,
         "platform": state.platform.to_json(),
         "compile_config": state.config.to_json(),
         "compile_config_hash": state.config.compute_hash(),
@@ -390,7 +317,7 @@ def _publish(out: Path, report: dict[str, Any], force: bool) -> None:
         (tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n")
         old = None
         if out.exists():
-            _check_out(out, force)
+            check_out(out, force)
             old = out.with_name(f".{out.name}.old-{time.time_ns()}")
             out.rename(old)
         tmp.rename(out)

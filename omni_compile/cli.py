@@ -14,7 +14,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from omni_compile.errors import ConfigError, OmniCompileError, find_user_error
 
@@ -22,24 +21,6 @@ from omni_compile.errors import ConfigError, OmniCompileError, find_user_error
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump
         self.exit(2, f"omni-compile: error: {message} (see `{self.prog} --help`)\n")
-
-
-def _json_arg(value: str | None, what: str) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    text = value
-    if not value.lstrip().startswith("{"):
-        path = Path(value)
-        if not path.exists():
-            raise ConfigError(f"{what} {value!r} is neither inline JSON nor an existing file")
-        text = path.read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{what} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} must be a JSON object")
-    return data
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,33 +131,12 @@ def _serve_parsers(sub) -> None:
     add_pipeline_arguments(sub.add_parser("pipeline", help="write a preset's whole random diffusers pipeline to a directory"))
 
 
-def compile_config(args):
-    """The CompileConfig of `--config`, `--passes`, `--kernels`, `--attention` and `--attention-backend`
-    (build and inspect take the same flags)."""
-    from omni_compile.config import CompileConfig
-
-    config = CompileConfig.from_dict(_json_arg(args.config, "--config") or {})
-    config.passes = [*config.passes, *args.passes]
-    if args.kernels:
-        from omni_compile.ops.registry import parse_kernel_items
-
-        config.kernels = {**config.kernels, **parse_kernel_items(",".join(args.kernels))}
-    attention_text = getattr(args, "attention", None)
-    if attention_text or args.attention_backend:
-        from omni_compile.attention.config import backend_name, merge_attention, parse_attention_text
-
-        attention = merge_attention(config.attention, parse_attention_text(attention_text or ""))
-        if args.attention_backend:
-            attention["default"] = {"backend": backend_name(args.attention_backend, "--attention-backend")}
-        config.attention = attention
-    return config
-
-
 def _cmd_build(args, console) -> int:
     from omni_compile.builder import BuildEvents, BuildOptions, build
+    from omni_compile.config import compile_config_from_flags, json_arg
     from omni_compile.models import DEFAULT_MODEL
 
-    config = compile_config(args)
+    config = compile_config_from_flags(args)
     if args.dump_graphs:
         config.dump_dir = args.dump_graphs
     if args.text_len is not None and args.text_len <= 0:
@@ -192,7 +152,7 @@ def _cmd_build(args, console) -> int:
         seed=args.seed,
         text_len=args.text_len,
         example_inputs=args.example_inputs,
-        model_config=_json_arg(args.model_config, "--model-config"),
+        model_config=json_arg(args.model_config, "--model-config"),
         regions=args.regions,
         compile=config,
         cache_from=args.cache_from,

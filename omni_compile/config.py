@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,3 +175,42 @@ def region_list(text: str) -> list[str]:
     if not names or not all(n.isidentifier() for n in names):
         raise argparse.ArgumentTypeError(f"expected block class names like FluxTransformerBlock,MyBlock, got {text!r}")
     return names
+
+
+def json_arg(value: str | None, what: str) -> dict[str, Any] | None:
+    """A JSON-object argument: inline JSON, or the path of a file holding it (None stays None)."""
+    if value is None:
+        return None
+    text = value
+    if not value.lstrip().startswith("{"):
+        path = Path(value)
+        if not path.exists():
+            raise ConfigError(f"{what} {value!r} is neither inline JSON nor an existing file")
+        text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} must be a JSON object")
+    return data
+
+
+def compile_config_from_flags(args) -> CompileConfig:
+    """The CompileConfig of `--config`, `--passes`, `--kernels`, `--attention` and `--attention-backend`
+    (build and inspect take the same flags)."""
+    config = CompileConfig.from_dict(json_arg(args.config, "--config") or {})
+    config.passes = [*config.passes, *args.passes]
+    if args.kernels:
+        from omni_compile.ops.registry import parse_kernel_items
+
+        config.kernels = {**config.kernels, **parse_kernel_items(",".join(args.kernels))}
+    attention_text = getattr(args, "attention", None)
+    if attention_text or args.attention_backend:
+        from omni_compile.attention.config import backend_name, merge_attention, parse_attention_text
+
+        attention = merge_attention(config.attention, parse_attention_text(attention_text or ""))
+        if args.attention_backend:
+            attention["default"] = {"backend": backend_name(args.attention_backend, "--attention-backend")}
+        config.attention = attention
+    return config

@@ -8,6 +8,7 @@ the pass does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -155,3 +156,10 @@ class PatternPass(OmniPass):
     def apply(self, graph: torch.fx.Graph) -> int:
         self.materialize()
         return self.patterns.apply(graph)
+
+
+@functools.cache
+def shared_pass(cls: type[OmniPass], options_json: str) -> OmniPass:
+    """The one instance of a pass class with these options (JSON) in this process: tracing patterns costs
+    time, so the pass manager and the passes that run another pass's patterns share it."""
+    return cls(json.loads(options_json))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import hashlib
 import json
 import logging
@@ -26,7 +25,7 @@ from omni_compile.attention.config import AttentionConfig
 from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
-from omni_compile.passes.base import OmniPass, PatternPass
+from omni_compile.passes.base import OmniPass, PatternPass, shared_pass
 from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
 from omni_compile.passes.attention import AttentionPass
@@ -71,12 +70,6 @@ def resolve_enabled(switches: list[str]) -> list[str]:
                 raise ConfigError(f"unknown pass {name!r} in switch {item!r}; passes are {', '.join(PASSES)}")
             (enabled.add if sign == "+" else enabled.discard)(name)
     return [name for name in PASSES if name in enabled]
-
-
-@functools.cache
-def _pattern_pass(cls: type[OmniPass], options_json: str) -> OmniPass:
-    # Tracing patterns costs time; a pass with the same options is built once per process.
-    return cls(json.loads(options_json))
 
 
 @dataclass
@@ -154,7 +147,7 @@ class PassManager(CustomGraphPass):
             elif cls is AttentionPass:
                 p = AttentionPass(options, platform=platform, config=self.attention_config, role_of=attention_role)
             else:
-                p = _pattern_pass(cls, json.dumps(options, sort_keys=True))
+                p = shared_pass(cls, json.dumps(options, sort_keys=True))
             if p.is_applicable(platform, config):
                 self.passes.append(p)
         # What runs here: the switched-on passes that apply to this platform (gemm_gelu, cat_gemm: GPUs).

@@ -21,7 +21,7 @@ import operator
 
 import torch
 from diffusers.models.embeddings import apply_rotary_emb
-from omni_compile.passes.base import PatternPass
+from omni_compile.passes.base import PatternPass, shared_pass
 from omni_compile.passes.rms_norm import RMSNormPass
 from torch._inductor.pattern_matcher import CallFunction, Ignored, KeywordArg, Match
 
@@ -110,9 +110,7 @@ class QKNormRopePass(PatternPass):
     enabled_by_default = True
 
     def register_patterns(self) -> None:
-        from omni_compile.passes.manager import _pattern_pass
-
-        self._norms = _pattern_pass(RMSNormPass, "{}")  # the instance the manager uses: patterns traced once
+        self._norms = shared_pass(RMSNormPass, "{}")  # the instance the manager uses: patterns traced once
         self._extra_sources.append(self._norms.uuid())
         # Dtype literals and the bool argument are ignored when patterns are compared, so the bf16 and
         # fp16 chains are one registration; the checks pin what the traced chain means. Only the torch

@@ -138,20 +138,20 @@ def test_stride_canonicalisation_saves_a_compile():
 def test_canonical_layout_of_block_inputs():
     """Size-1 dims get contiguous strides (a view); a permuted input is copied to the contiguous layout (one
     copy instead of a second graph); an expanded one (stride 0) and a contiguous one are passed as they are."""
-    from omni_compile.compiler import _canonical_strides
+    from omni_compile.graphs.layout import canonical_layout
 
     base = torch.randn(1, 32, 16)
     permuted = base.transpose(1, 2)  # [1, 16, 32], strides (512, 1, 16): a patch embedding's flatten + transpose
-    out = _canonical_strides(permuted)
+    out = canonical_layout(permuted)
     assert out.is_contiguous() and out.stride() == (512, 32, 1) and torch.equal(out, permuted)
     sliced = torch.randn(1, 40, 16)[:, 8:]  # batch stride 640: a slice of a longer sequence, a free view
-    out = _canonical_strides(sliced)
+    out = canonical_layout(sliced)
     assert out.stride() == (512, 16, 1) and out.data_ptr() == sliced.data_ptr()
     expanded = torch.randn(1, 1, 16).expand(2, 8, 16)
-    assert _canonical_strides(expanded) is expanded
+    assert canonical_layout(expanded) is expanded
     contiguous = torch.randn(2, 8, 16)
-    assert _canonical_strides(contiguous) is contiguous
-    pair = _canonical_strides((permuted, contiguous))
+    assert canonical_layout(contiguous) is contiguous
+    pair = canonical_layout((permuted, contiguous))
     assert isinstance(pair, tuple) and pair[0].is_contiguous() and pair[1] is contiguous
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from omni_compile.compiler import _canonical_strides
+from omni_compile.graphs.layout import canonical_layout
 from omni_compile.graphs.trace import OpTrace, named_call_inputs
 from omni_compile.passes import PassLog, PassManager
 
@@ -40,7 +40,7 @@ logger = logging.getLogger("omni_compile.artifact")
 
 def canonical_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Size-1 dims get canonical strides (free views), as the JIT path does: one signature per layout."""
-    return tuple(_canonical_strides(a) for a in args), {k: _canonical_strides(v) for k, v in kwargs.items()}
+    return tuple(canonical_layout(a) for a in args), {k: canonical_layout(v) for k, v in kwargs.items()}
 
 
 def call_key(args: tuple, kwargs: dict) -> tuple:

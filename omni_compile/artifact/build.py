@@ -22,10 +22,12 @@ import torch
 import omni_compile
 from omni_compile.artifact import aot
 from omni_compile.artifact.manifest import MANIFEST, SCHEMA, model_config, platform_record, weights_summary
+from omni_compile.artifact.parity import PARITY_BOUND, bucket_output
+from omni_compile.build.session import BuildEvents, BuildOptions, BuildSession, check_out
 from omni_compile.config import dtype_name
 from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs import find_regions
-from omni_compile.inspect.record import recording as inspect_recording
+from omni_compile.build.record import recording as inspect_recording
 from omni_compile.passes.lower_fused_ops import record_resolution
 
 logger = logging.getLogger("omni_compile.artifact")
@@ -33,15 +35,8 @@ logger = logging.getLogger("omni_compile.artifact")
 REPORT_DIR = "report"
 
 
-def bucket_output(output):
-    """The sample of a transformer forward's output (a tuple or a diffusers output object)."""
-    return output[0] if isinstance(output, (tuple, list)) else getattr(output, "sample", output)
-
-
-def build_artifact(opts, events) -> dict[str, Any]:
-    """Build the artifact described by `opts` (a `builder.BuildOptions`); returns the manifest."""
-    from omni_compile.builder import _check_out, _sync, resolve_build
-
+def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
+    """Build the artifact described by `opts`; returns the manifest."""
     t_start = time.perf_counter()
     compiles_before = _compilations()
     session = None
@@ -51,20 +46,20 @@ def build_artifact(opts, events) -> dict[str, Any]:
         session = StoreSession(opts.store, warn=getattr(events, "on_warning", None))
     if opts.cache_from:
         raise ConfigError("--cache-from warm-starts a JIT build; use it with --mode jit")
-    spec, dtype, device, buckets, pm = resolve_build(opts)
+    build = BuildSession.resolve(opts)
+    spec, dtype, device, buckets, pm = build.spec, build.dtype, build.device, build.buckets, build.pass_manager
     platform = pm.platform
     if opts.out is None:
         raise ConfigError("an artifact build needs --out DIR")
     out = Path(opts.out)
-    _check_out(out, opts.force)
+    check_out(out, opts.force)
     fmt = opts.format or aot.default_format(device)
     if fmt not in aot.FORMATS:
         raise ConfigError(f"unknown --format {fmt!r}; choose one of {', '.join(aot.FORMATS)}")
 
     events.on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
     t0 = time.perf_counter()
-    model = spec.load(dtype=dtype, device=device, seed=opts.seed)
-    _sync(device)
+    model = build.load_model()
     load_seconds = time.perf_counter() - t0
 
     regions = find_regions(model, spec.block_names(model))
@@ -79,14 +74,12 @@ def build_artifact(opts, events) -> dict[str, Any]:
     )
 
     # 1. Record the calls of every target, and the eager output per bucket (the parity reference).
-    text_len = opts.text_len or spec.text_len or spec.adapter.default_text_len  # what example_inputs uses
     recorder = aot.CallRecorder(targets)
     references = {}
     with recorder, torch.no_grad():
         for bucket in buckets:
             recorder.bucket = str(bucket)
-            inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device, text_len=text_len,
-                                                 seed=opts.seed)  # fmt: skip
+            inputs = build.example_inputs(model, bucket)
             references[str(bucket)] = (inputs, bucket_output(model(**inputs)).clone())
     targets = [t for t in targets if recorder.records[t.name].examples]  # glue never called is not compiled
 
@@ -145,7 +138,7 @@ def build_artifact(opts, events) -> dict[str, Any]:
         for rec in records.values():
             rec.examples.clear()  # drop the recorded example tensors
 
-        manifest = _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets, fmt)
+        manifest = _manifest(build, model, targets, records, compiled, fmt)
 
         # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
         # Skipped when every file came from the store and, for every bucket, each file the bucket runs
@@ -233,8 +226,6 @@ def _inherited_parity(targets, records, compiled, buckets) -> dict[str, dict] | 
 
 # Relative L2 of the artifact's output against eager that a build accepts (bf16 rounds where the
 # fused kernels round the unfused graph's bf16 tensors; fp32 differs only by reassociation).
-PARITY_BOUND = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
-
 
 def _compilations() -> dict[str, int]:
     """Files compiled, regions exported and Dynamo graphs traced so far in this process."""
@@ -283,11 +274,9 @@ def _from_store(session, key: str, path: Path, identity: str) -> aot.CompiledFil
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
-    from omni_compile.builder import _check_out
-
     old = None
     if out.exists():
-        _check_out(out, force)
+        check_out(out, force)
         old = out.with_name(f".{out.name}.old-{time.time_ns()}")
         out.rename(old)
     tmp.rename(out)
@@ -305,7 +294,9 @@ def _weights_reference(spec, opts) -> dict[str, Any]:
     return {"reference": str(root), "files": [{"path": str(f.relative_to(root)), "sha256": sha256_file(f)} for f in files]}
 
 
-def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, compiled, buckets, fmt) -> dict[str, Any]:
+def _manifest(build: BuildSession, model, targets, records, compiled, fmt: str) -> dict[str, Any]:
+    spec, opts, dtype, device, buckets, pm = build.spec, build.opts, build.dtype, build.device, build.buckets, build.pass_manager
+    platform = pm.platform
     # The instantiated model's whole config (defaults included): what a load compares field by field.
     config = model_config(model)
     config_json = json.dumps(spec.config if config is None else config, sort_keys=True, default=str)
@@ -367,7 +358,7 @@ def _manifest(spec, opts, dtype, device, platform, pm, model, targets, records, 
             "dtype": dtype_name(dtype),
             "device": device,
             "buckets": [str(b) for b in buckets],
-            "text_len": opts.text_len or spec.text_len or spec.adapter.default_text_len,
+            "text_len": build.text_len,
             "seed": opts.seed,  # of the random weights and the example inputs
             "example_inputs": opts.example_inputs,  # module:function for a model with no adapter (verify uses it)
             "compile_config": aot.json_safe(opts.compile.to_json()),

@@ -370,7 +370,7 @@ def verify(
     weights and seeded inputs (`weights` as in `load`; `example_inputs`, module:function, overrides the
     function recorded for a model with no adapter). Raises ArtifactError for a failed check; returns the result otherwise
     (`ok` False when a bucket's output is off by more than the build's parity bound)."""
-    from omni_compile.artifact.build import PARITY_BOUND, bucket_output
+    from omni_compile.artifact.parity import PARITY_BOUND, bucket_output
     from omni_compile.config import ShapeBucket
 
     root = Path(artifact)

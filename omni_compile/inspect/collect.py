@@ -25,7 +25,7 @@ from omni_compile.config import CompileConfig, dtype_name
 from omni_compile.errors import ConfigError
 from omni_compile.inspect.graphs import dynamo_call, read_graph_dumps
 from omni_compile.inspect.kernels import read_kernels
-from omni_compile.inspect.record import capture_output_code
+from omni_compile.build.record import capture_output_code
 
 SCHEMA = "omni-compile/inspect/1"
 DUMPS = "inspect"  # under an artifact's report/ directory
@@ -176,20 +176,19 @@ def _no_caches(profile_cpu: bool):
 
 
 def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None) -> dict[str, Any]:
-    from omni_compile.builder import BuildOptions, _sync, resolve_build
+    from omni_compile.build.session import BuildOptions, BuildSession, sync
     from omni_compile.compiler import compile, compile_state
 
     bopts = BuildOptions(model=opts.target, shapes=opts.shapes, dtype=opts.dtype, device=opts.device, seed=opts.seed,
                          text_len=opts.text_len, example_inputs=opts.example_inputs, model_config=opts.model_config,
-                         regions=opts.regions,
-                         compile=opts.compile, mode="jit")  # fmt: skip
-    spec, dtype, device, buckets, _ = resolve_build(bopts)
+                         regions=opts.regions, compile=opts.compile, mode="jit")  # fmt: skip
+    build = BuildSession.resolve(bopts)
+    spec, dtype, device, buckets = build.spec, build.dtype, build.device, build.buckets
     on_stage(f"loading {spec.source} ({dtype_name(dtype)}, {device})")
-    model = spec.load(dtype=dtype, device=device, seed=opts.seed)
+    model = build.load_model()
     root = Path(workdir) / "dumps"
     shutil.rmtree(root, ignore_errors=True)  # only this run's dumps
     config = replace(opts.compile, dump_dir=str(root))
-    text_len = opts.text_len or spec.text_len
     inputs = {}
     graph_buckets: dict[int, str] = {}
     t0 = time.perf_counter()
@@ -200,12 +199,11 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
         examples = _ExampleCalls(state.regions)
         for bucket in buckets:
             on_stage(f"bucket {bucket}: tracing and compiling each distinct region once")
-            inputs[str(bucket)] = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device,
-                                                              text_len=text_len, seed=opts.seed)  # fmt: skip
+            inputs[str(bucket)] = build.example_inputs(model, bucket)
             before = len(state.records)
             with torch.no_grad(), examples:
                 model(**inputs[str(bucket)])
-            _sync(device)
+            sync(device)
             for i in range(before, len(state.records)):
                 graph_buckets[i] = str(bucket)
         compile_seconds = time.perf_counter() - t0
@@ -233,9 +231,9 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
 
         on_stage("Dynamo view: decompiled entry points, graph breaks")
         dynamo = dynamo_view(state, examples.calls, recompiles)
-    from omni_compile.builder import _report
+    from omni_compile.builder import build_report
 
-    report = _report(spec, bopts, dtype, device, model, state, [], 0.0, None, compile_seconds)
+    report = build_report(build, model, state, [], 0.0, None, compile_seconds)
     return {
         "schema": SCHEMA,
         "target": {"kind": "model", "source": spec.source},

@@ -38,15 +38,15 @@ def add_arguments(p) -> None:
 
 
 def run(args, console) -> int:
-    from omni_compile.cli import _json_arg, compile_config
+    from omni_compile.config import compile_config_from_flags, json_arg
     from omni_compile.inspect import InspectOptions, inspect
     from omni_compile.inspect.html import write_html
     from omni_compile.inspect.report import print_summary, write_json, write_out
 
     opts = InspectOptions(
         target=args.target, shapes=args.shapes, dtype=args.dtype, device=args.device, seed=args.seed,
-        text_len=args.text_len, model_config=_json_arg(args.model_config, "--model-config"),
-        example_inputs=args.example_inputs, regions=args.regions, compile=compile_config(args), profile=args.profile,
+        text_len=args.text_len, model_config=json_arg(args.model_config, "--model-config"),
+        example_inputs=args.example_inputs, regions=args.regions, compile=compile_config_from_flags(args), profile=args.profile,
         dynamo=not args.no_dynamo,
     )  # fmt: skip
     log = (lambda *a, **k: None) if args.quiet else console.print

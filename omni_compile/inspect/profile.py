@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from omni_compile.builder import _sync
+from omni_compile.build.session import sync
 from omni_compile.inspect.categories import CATEGORIES, kernel_category
 
 REGION_RANGE = "omni_compile.region:"
@@ -53,10 +53,10 @@ def profile_step(step, device: str) -> dict:
 
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    _sync(device)
+    sync(device)
     with profile(activities=activities) as prof:
         step()
-        _sync(device)
+        sync(device)
     events = list(prof.events())
     kernels = _device_kernels(events) if cuda else _cpu_kernels(events)
     cats: dict[str, list] = {c: [0, 0.0] for c in CATEGORIES}
