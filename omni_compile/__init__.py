@@ -17,7 +17,7 @@ _EXPORTS = {
     "compile_state": "omni_compile.compiler",
     "uncompile": "omni_compile.compiler",
     "build": "omni_compile.builder",
-    "BuildOptions": "omni_compile.builder",
+    "BuildOptions": "omni_compile.build.session",
     "load": "omni_compile.artifact.loader",
     "ArtifactError": "omni_compile.artifact.manifest",
     "ConfigError": "omni_compile.errors",

@@ -54,8 +54,8 @@ def test_manifest_describes_the_build(artifacts):
     glue = {r["name"] for r in m["regions"] if r["kind"] == "glue"}
     assert {"x_embedder", "context_embedder", "norm_out", "proj_out"} <= glue
     # the passes ran inside the AOT compiles: per bucket, the JIT build's counts (tests/test_cli.py)
-    assert m["fusion"]["matches"] == {"rms_norm": 12, "qk_norm_rope": 8, "adaln": 10, "attention": 0,
-                                      "lower_fused_ops": 18}  # fmt: skip
+    assert m["fusion"]["matches"] == {"complex_mul": 0, "rms_norm": 12, "qk_norm_rope": 8, "adaln": 10,
+                                      "attention": 0, "lower_fused_ops": 18}  # fmt: skip
     assert m["attention"]["per_role"]["flux.joint"]["implementation"] == "TORCH_SDPA"
     assert all(p["rel_l2_vs_eager"] < 1e-4 for p in m["parity"].values())
     for r in m["regions"]:
@@ -313,7 +313,8 @@ def test_standalone_format_builds_shares_through_a_store_and_loads(tmp_path, sub
     files = [e for r in a["regions"] for es in r["buckets"].values() for e in es]
     assert files and all(e["file"].endswith(".bin") and e["pytree"]["in"] and e["pytree"]["out"] for e in files)
     # per bucket, the same matches as the AOTInductor build (test_manifest_describes_the_build: two buckets)
-    assert a["fusion"]["matches"] == {"rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "attention": 0, "lower_fused_ops": 9}
+    assert a["fusion"]["matches"] == {"complex_mul": 0, "rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "attention": 0,
+                                      "lower_fused_ops": 9}  # fmt: skip
     assert a["compilations"]["aot_compiles"] == len(files) and b["compilations"]["aot_compiles"] == 0
     assert b["store"]["hits"] == len(files) and b["fusion"]["matches"] == a["fusion"]["matches"]
     sums = lambda m: sorted((e["file"], e["sha256"], json.dumps(e["pytree"])) for r in m["regions"]

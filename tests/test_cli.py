@@ -85,7 +85,7 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
     # Default passes (docs/passes.md): qk_norm_rope takes the 6 q/k norms into its 4 rms_norm_rope calls;
     # the attention pass resolves the one SDPA of each region (flux.joint) to TORCH_SDPA, which keeps torch's
     # node: a resolution in the report, not a match (a match is a rewrite).
-    matches = {"rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "attention": 0, "lower_fused_ops": 9}
+    matches = {"complex_mul": 0, "rms_norm": 6, "qk_norm_rope": 4, "adaln": 5, "attention": 0, "lower_fused_ops": 9}
     assert report["passes"]["matches"] == matches
     assert [r["name"] for r in report["regions"]] == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
     assert report["buckets"][0]["output_finite"] and report["buckets"][0]["output_shape"] == [1, 16, 16]

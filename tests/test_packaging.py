@@ -37,7 +37,7 @@ def test_wheel_installs_subpackages_under_omni_compile(tmp_path):
     code = (
         "import omni_compile, omni_compile.graphs, omni_compile.passes, omni_compile.models, "
         "omni_compile.server, omni_compile.attention.triton_attn, omni_compile.runtime.cuda_graphs, "
-        "omni_compile.artifact.loader; from omni_compile.ops import FUSED_OPS; "
+        "omni_compile.artifact.loader, omni_compile.build.session; from omni_compile.ops import FUSED_OPS; "
         "assert all('triton' in op.kernels for op in FUSED_OPS.values()), 'kernels not installed'; "
         "print(omni_compile.passes.__file__)"
     )
