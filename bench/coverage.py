@@ -297,14 +297,18 @@ def main() -> int:
         if "error" in r:
             print(f"{r['model']}: {r['error']}")
     if args.write:
-        (ROOT / "docs" / "data" / "coverage.json").write_text(json.dumps(rows, indent=2) + "\n")
-        doc = ROOT / "docs" / "passes.md"
-        text = doc.read_text()
-        start, end = "<!-- coverage:start -->", "<!-- coverage:end -->"
-        if start in text and end in text:
-            text = text[: text.index(start) + len(start)] + "\n" + table(ok) + "\n" + text[text.index(end):]
-            doc.write_text(text)
+        _write("coverage", rows, table(ok))
     return 1 if len(ok) < len(rows) else 0
+
+
+def _write(name: str, rows: list[dict], markdown: str) -> None:
+    """docs/data/NAME.json, and `markdown` between the <!-- NAME:start/end --> marks of docs/passes.md."""
+    (ROOT / "docs" / "data" / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    doc = ROOT / "docs" / "passes.md"
+    text = doc.read_text()
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start in text and end in text:
+        doc.write_text(text[: text.index(start) + len(start)] + "\n" + markdown + "\n" + text[text.index(end):])
 
 
 def _artifacts_main(todo: dict, write: bool) -> int:
@@ -319,13 +323,7 @@ def _artifacts_main(todo: dict, write: bool) -> int:
             rows.append(artifact_round_trip(name, ref, config, inputs_ref, shape, Path(tmp) / name))
     print(artifact_table(rows))
     if write:
-        (ROOT / "docs" / "data" / "coverage_artifacts.json").write_text(json.dumps(rows, indent=2) + "\n")
-        doc = ROOT / "docs" / "passes.md"
-        text = doc.read_text()
-        start, end = "<!-- artifacts:start -->", "<!-- artifacts:end -->"
-        if start in text and end in text:
-            text = text[: text.index(start) + len(start)] + "\n" + artifact_table(rows) + "\n" + text[text.index(end):]
-            doc.write_text(text)
+        _write("coverage_artifacts", rows, artifact_table(rows))
     return 0 if all(v["ok"] for r in rows for v in r["steps"].values()) else 1
 
 

@@ -65,6 +65,7 @@ class FlashBuild:
     is used), the GPU generations it serves, and what to install."""
 
     label: str
+    description: str  # the backend's line in `omni-compile attention`
     modules: tuple[str, ...]
     majors: tuple[int, ...]  # compute-capability majors it serves
     install: str
@@ -83,14 +84,17 @@ class FlashBuild:
 
 
 FLASH_BUILDS = {
-    "FLASH_ATTN": FlashBuild("FlashAttention-2", ("flash_attn",), (8, 9), "pip install flash-attn"),
     "FA3_ATTN": FlashBuild(
-        "FlashAttention-3", ("fa3_fwd_interface", "flash_attn_interface"), (9,),
+        "FlashAttention-3", "FlashAttention-3's forward (the fa3-fwd wheel, or FA3's own hopper build)",
+        ("fa3_fwd_interface", "flash_attn_interface"), (9,),
         "pip install 'omni-compile[fa3]' (the fa3-fwd wheel: FlashAttention-3's forward)",
         # fa3-fwd is built without its fp16 kernels
         dtypes=(("fa3_fwd_interface", (torch.bfloat16,)),),
     ),
-    "FA4_ATTN": FlashBuild("FlashAttention-4 (CuTe DSL)", ("flash_attn.cute",), (9, 10, 11), "pip install flash-attn-4"),
+    "FA4_ATTN": FlashBuild("FlashAttention-4 (CuTe DSL)", "FlashAttention-4 (flash-attn-4, CuTe DSL)",
+                           ("flash_attn.cute",), (9, 10, 11), "pip install flash-attn-4"),
+    "FLASH_ATTN": FlashBuild("FlashAttention-2", "FlashAttention-2 (the flash-attn package)", ("flash_attn",), (8, 9),
+                             "pip install flash-attn"),
 }
 
 
@@ -244,35 +248,18 @@ BACKENDS: dict[str, AttentionBackend] = {
             head_dim=_cudnn_head_dim,
             extra=_cudnn_extra,
         ),
-        AttentionBackend(
-            "FA3_ATTN",
-            "FlashAttention-3's forward (the fa3-fwd wheel, or FA3's own hopper build)",
-            platforms=("cuda",),
-            dtypes=HALF,
-            layout="bshd",
-            min_capability=(8, 0),
-            available=_flash_available("FA3_ATTN"),
-            head_dim=_flash_call("FA3_ATTN"),
-        ),
-        AttentionBackend(
-            "FA4_ATTN",
-            "FlashAttention-4 (flash-attn-4, CuTe DSL)",
-            platforms=("cuda",),
-            dtypes=HALF,
-            layout="bshd",
-            min_capability=(8, 0),
-            available=_flash_available("FA4_ATTN"),
-            head_dim=_flash_call("FA4_ATTN"),
-        ),
-        AttentionBackend(
-            "FLASH_ATTN",
-            "FlashAttention-2 (the flash-attn package)",
-            platforms=("cuda",),
-            dtypes=HALF,
-            layout="bshd",
-            min_capability=(8, 0),
-            available=_flash_available("FLASH_ATTN"),
-            head_dim=_flash_call("FLASH_ATTN"),
+        *(
+            AttentionBackend(
+                name,
+                build.description,
+                platforms=("cuda",),
+                dtypes=HALF,
+                layout="bshd",
+                min_capability=(8, 0),
+                available=_flash_available(name),
+                head_dim=_flash_call(name),
+            )
+            for name, build in FLASH_BUILDS.items()
         ),
         AttentionBackend(
             "TRITON_ATTN",
