@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The GPU runner: every measurement and GPU check of a session, by stage, in one command on the GPU machine;
 # results under $OUT, a short table last. Run from the project root with the wheels of
-# ../shared/tools/gpu-wheels.sh in .whl/ (fa3-fwd among them; FA4's wheels too to try FA4, its CuTe libraries
-# unpacked in /tmp/fa4libs by the `fa4libs` stage of an earlier call on the same machine):
+# ../shared/tools/gpu-wheels.sh fa3-fwd==0.0.3 in .whl/; to try FA4 too, bench/fa4_wheels.sh adds its wheels
+# there and packs its CUDA libraries into .fa4/cu13.tar.xz, which travels alone in a first call:
 #
-#   bash bench/gpu.sh fa4libs                       # unpack .fa4/cu13.tar.xz (cutlass-dsl cu13 libs) to /tmp/fa4libs
-#   bash bench/gpu.sh install attention tests w3    # then, on the same machine
+#   bash bench/gpu.sh fa4libs                       # carry [".fa4"]: it stays in the machine's tree copy
+#   bash bench/gpu.sh install attention tests w3    # carry [".whl"], at once (the machine stays warm 30 s)
 #   bash bench/gpu.sh install e2e
 #
 # Stages:
-#   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/fa4libs (kept on the machine for the next calls)
-#   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it)
+#   fa4libs    check that .fa4/cu13.tar.xz arrived (it stays in the machine's copy of the tree)
+#   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
+#              CUDA libraries from .fa4/cu13.tar.xz into the same place when the file is there
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
 #   tests      GPU tests of the suite (TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
@@ -37,17 +38,17 @@ run() {  # run NAME TIMEOUT CMD...: stdout to $OUT/NAME.txt, stderr to $OUT/NAME
   echo "$name rc=$? at ${SECONDS}s"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-[ -d /tmp/fa4libs ] && export PYTHONPATH=/tmp/fa4libs${PYTHONPATH:+:$PYTHONPATH}
 for stage in "$@"; do
   case $stage in
     fa4libs)
-      mkdir -p /tmp/fa4libs && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/fa4libs && echo "fa4libs at ${SECONDS}s"
-      export PYTHONPATH=/tmp/fa4libs${PYTHONPATH:+:$PYTHONPATH} ;;
+      ls -la .fa4/cu13.tar.xz && xz -t .fa4/cu13.tar.xz && echo "fa4libs ok at ${SECONDS}s" ;;
     install)
       # SKIP_WHEELS: a regex of wheel names to leave out (e.g. flash_attn_4, to run without FA4)
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
         $(ls .whl/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . || exit 1
+      # FA4's CUDA 13 libraries go into the same package folders as its wheels (installed above)
+      [ -f .fa4/cu13.tar.xz ] && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/site && echo "FA4 libraries unpacked"
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       python3 -c "import importlib.util as u; print({m: bool(u.find_spec(m)) for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
         | tee "$OUT/installed.txt"
