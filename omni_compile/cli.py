@@ -179,7 +179,9 @@ def _cmd_build(args, console) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     elif opts.mode == "aot":
-        _print_artifact_summary(console, report, out)
+        from omni_compile.artifact.manifest import Manifest
+
+        _print_artifact_summary(console, Manifest.from_json(report), out)
     else:
         _print_summary(console, report, out)
         st = report.get("store")
@@ -193,39 +195,39 @@ def _cmd_build(args, console) -> int:
 def _print_artifact_summary(console, manifest, out) -> None:
     from rich.table import Table
 
-    b = manifest["build"]
-    t = Table(title=f"omni-compile build: {manifest['model']['source']} ({b['dtype']}, {b['device']}), artifact")
+    b = manifest.build
+    t = Table(title=f"omni-compile build: {manifest.model.source} ({b.dtype}, {b.device}), artifact")
     for col in ("region", "kind", "instances", "files", "compile s", "pass matches"):
         t.add_column(col, justify="left" if col in ("region", "kind", "pass matches") else "right")
-    for r in manifest["regions"]:
-        files = {e["file"]: e for entries in r["buckets"].values() for e in entries}
+    for r in manifest.regions:
+        files = {e.file: e for entries in r.buckets.values() for e in entries}
         matches: dict[str, int] = {}
         for e in files.values():
-            for k, n in e["passes"].items():
+            for k, n in e.passes.items():
                 matches[k] = matches.get(k, 0) + n
-        t.add_row(r["name"], r["kind"], str(len(r["instances"])), str(len(files)),
-                  f"{sum(e['compile_seconds'] for e in files.values()):.2f}",
+        t.add_row(r.name, r.kind, str(len(r.instances)), str(len(files)),
+                  f"{sum(e.compile_seconds for e in files.values()):.2f}",
                   ", ".join(f"{k}={n}" for k, n in matches.items() if n) or "-")  # fmt: skip
     console.print(t)
-    tm = manifest["timing"]
+    tm = manifest.timing
     console.print(
         f"{tm['compile_seconds']:.1f}s compiling, {tm['wall_seconds']:.1f}s total; parity vs eager: "
         + ", ".join(f"{k} rel L2 {v['rel_l2_vs_eager']:.1e}" + ("" if v.get("checked", "here") == "here" else
                                                                   " (checked by the store's publishing build)")
-                    for k, v in manifest["parity"].items())
+                    for k, v in manifest.parity.items())
     )
-    if "store" in manifest:
-        st = manifest["store"]
+    if manifest.store is not None:
+        st = manifest.store
         console.print(
             f"store {st['url']}: {st['hits']} hit(s), {st['misses']} miss(es), {st['published']} published"
             f" ({st['repaired']} repaired), {st['bytes_down'] / 2**20:.1f} MiB down, {st['bytes_up'] / 2**20:.1f} MiB up"
             f", {st['seconds']:.2f}s; {len(st['errors'])} error(s)"
         )
-    for name, res in manifest["fusion"]["fused_op_implementations"].items():
+    for name, res in manifest.fusion["fused_op_implementations"].items():
         console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
-    for role, res in manifest["attention"]["per_role"].items():
+    for role, res in manifest.attention["per_role"].items():
         console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
-    console.print(f"wrote {out}/manifest.json ({len(manifest['regions'])} regions); load it with omni_compile.load({out!r})")
+    console.print(f"wrote {out}/manifest.json ({len(manifest.regions)} regions); load it with omni_compile.load({out!r})")
 
 
 def _cache_parser(sub) -> None:

@@ -83,21 +83,21 @@ class LoadedPipeline:
         return pngs
 
 
-def check_family(manifest: dict[str, Any], artifact) -> None:
-    family = manifest["model"]["family"]
+def check_family(manifest, artifact) -> None:
+    family = manifest.model.family
     if family != "flux":
         raise omni_compile.ConfigError(f"{artifact} holds a {family!r} model; `omni-compile serve` runs FLUX "
                                        "text-to-image pipelines only")  # fmt: skip
 
 
-def pipeline_dir(config: ServeConfig, manifest: dict[str, Any]) -> Path | None:
+def pipeline_dir(config: ServeConfig, manifest) -> Path | None:
     """The diffusers pipeline directory to read the other parts from, or None for a preset's random one."""
     if config.pipeline:
         d = Path(config.pipeline)
         if not (d / "model_index.json").is_file():
             raise omni_compile.ConfigError(f"--pipeline {d} is not a diffusers pipeline directory (no model_index.json)")
         return d
-    source = manifest["model"]["source"]
+    source = manifest.model.source
     if source.startswith("preset:"):
         return None
     d = Path(source)
@@ -121,16 +121,15 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
 
     manifest = read_manifest(Path(config.artifact))
     check_family(manifest, config.artifact)
-    build = manifest["build"]
-    device = config.device or build["device"]
-    dtype = parse_dtype(build["dtype"])
+    device = config.device or manifest.build.device
+    dtype = parse_dtype(manifest.build.dtype)
     root = pipeline_dir(config, manifest)
     dlogging.set_verbosity_error()
     t0 = time.perf_counter()
     if root is None:  # the build's seeded random weights, and a random pipeline of the same preset
-        preset, seed = manifest["model"]["source"].removeprefix("preset:"), manifest["weights"].get("seed", 0)
-        weights = resolve_model(preset, model_config=manifest["model"]["config"]).load(dtype=dtype, device=device,
-                                                                                         seed=seed)  # fmt: skip
+        preset, seed = manifest.model.source.removeprefix("preset:"), manifest.weights.get("seed", 0)
+        weights = resolve_model(preset, model_config=manifest.model.config).load(dtype=dtype, device=device,
+                                                                                   seed=seed)  # fmt: skip
     else:
         weights = resolve_model(str(root / "transformer")).load(dtype=dtype, device=device)
     t1 = time.perf_counter()
@@ -147,12 +146,12 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
     seconds = {"transformer_weights": t1 - t0, "artifact_load": t2 - t1, "other_parts": time.perf_counter() - t2}
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     pipe.set_progress_bar_config(disable=True)
-    buckets = [Bucket(b.height, b.width, b.batch) for b in map(omni_compile.ShapeBucket.parse, build["buckets"])]
+    buckets = [Bucket(b.height, b.width, b.batch) for b in map(omni_compile.ShapeBucket.parse, manifest.build.buckets)]
     artifact_info = getattr(transformer, "_omni_artifact", None)
     if artifact_info is not None:
         seconds.update({f"artifact_{k}": v for k, v in artifact_info.seconds.items()})
     # the text length the transformer was compiled for (a build from a directory records none: the family's default)
-    text_len = int(build.get("text_len") or omni_compile.models.ADAPTERS["flux"].default_text_len)
+    text_len = int(manifest.build.text_len or omni_compile.models.ADAPTERS["flux"].default_text_len)
     return LoadedPipeline(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=text_len,
                           buckets=buckets, compiled=artifact_info is not None, source=source,
                           seconds=seconds)  # fmt: skip

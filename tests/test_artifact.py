@@ -242,6 +242,33 @@ def test_an_attention_backend_that_cannot_run_here_is_refused(artifacts, tmp_pat
         omni_compile.load(art)
 
 
+def test_the_manifest_is_read_typed_and_checked(artifacts, tmp_path):
+    """Every reader gets the manifest through `read_manifest`: typed records, nothing lost (it writes back the
+    same JSON), and an unknown or missing field is an error naming it, before anything loads."""
+    import copy
+
+    import omni_compile
+    from omni_compile.artifact.manifest import Manifest, read_manifest
+
+    art, m = _copy(artifacts, tmp_path)
+    typed = read_manifest(art)
+    assert typed.to_json() == m
+    assert typed.build.buckets == m["build"]["buckets"] and typed.model.cls == m["model"]["class"]
+    first = typed.regions[0].buckets[m["build"]["buckets"][0]][0]
+    assert first.sha256 == m["regions"][0]["buckets"][m["build"]["buckets"][0]][0]["sha256"]
+    assert len(typed.files()) == len({e["file"] for r in m["regions"] for es in r["buckets"].values() for e in es})
+    bad = dict(m, extra=1)
+    with pytest.raises(omni_compile.ArtifactError, match=re.escape("has unknown field(s) ['extra'] (written by a newer")):
+        Manifest.from_json(bad)
+    bad = copy.deepcopy(m)
+    bucket = m["build"]["buckets"][0]
+    del bad["regions"][0]["buckets"][bucket][0]["sha256"]
+    (art / "manifest.json").write_text(json.dumps(bad))
+    where = f"manifest.json.regions[0].buckets[{bucket!r}][0] has no field 'sha256'"
+    with pytest.raises(omni_compile.ArtifactError, match=re.escape(where)):
+        omni_compile.load(art)
+
+
 def test_an_artifact_of_an_older_calling_convention_is_refused(artifacts, tmp_path):
     import omni_compile
 

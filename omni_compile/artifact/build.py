@@ -21,7 +21,14 @@ import torch
 
 import omni_compile
 from omni_compile.artifact import aot
-from omni_compile.artifact.manifest import MANIFEST, SCHEMA, model_config, platform_record, weights_summary
+from omni_compile.artifact.manifest import (
+    MANIFEST,
+    SCHEMA,
+    Manifest,
+    model_config,
+    platform_record,
+    weights_summary,
+)
 from omni_compile.artifact.parity import PARITY_BOUND, bucket_output
 from omni_compile.build.session import BuildEvents, BuildOptions, BuildSession, check_out
 from omni_compile.config import dtype_name
@@ -150,7 +157,9 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
             events.on_stage("parity: every file and bucket was checked by the build that published it; not rerun")
             parity = inherited
         else:
-            parity = _check_parity(tmp, manifest, model, references, fresh, events)
+            # the manifest as a load reads it (its results, filled below, not needed to load)
+            typed = Manifest.from_json({**manifest, "parity": {}, "timing": {}, "compilations": {}})
+            parity = _check_parity(tmp, typed, model, references, fresh, events)
         bad = [b for b, p in parity.items() if not p["finite"] or p["rel_l2_vs_eager"] > PARITY_BOUND[dtype]]
         if bad:
             raise OmniCompileError(
@@ -171,6 +180,7 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
         }
         done = _compilations()
         manifest["compilations"] = {k: done[k] - compiles_before[k] for k in done}
+        Manifest.from_json(manifest)  # what every reader will read: a field missing or unknown is a bug here
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / REPORT_DIR).mkdir(exist_ok=True)
         (tmp / REPORT_DIR / "build_report.json").write_text(json.dumps(_report(manifest, compiled), indent=2) + "\n")

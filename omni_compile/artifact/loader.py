@@ -25,7 +25,7 @@ from torch import nn
 from omni_compile.artifact import aot
 from omni_compile.artifact.manifest import (
     ArtifactError,
-    artifact_files,
+    Manifest,
     config_differences,
     platform_differences,
     read_manifest,
@@ -68,7 +68,7 @@ class Installed:
     """What `install` changed on a model, so that the build's parity check can undo it."""
 
     model: nn.Module
-    manifest: dict[str, Any]
+    manifest: Manifest
     root: Path
     modules: list[nn.Module] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
@@ -83,34 +83,28 @@ class Installed:
         self.modules.clear()
 
 
-def install(model: nn.Module, manifest: dict[str, Any], root: Path) -> Installed:
+def install(model: nn.Module, manifest: Manifest, root: Path) -> Installed:
     """Load every package the manifest lists and point each instance's forward at its dispatcher."""
     installed = Installed(model, manifest, root)
     modules = dict(model.named_modules())
-    buckets = list(manifest["build"]["buckets"])
+    buckets = list(manifest.build.buckets)
     loaded: dict[str, Any] = {}
-    fmt = file_format(manifest)
-    for region in manifest["regions"]:
+    for region in manifest.regions:
         runners: dict[tuple, Any] = {}
-        for entries in region["buckets"].values():
+        for entries in region.buckets.values():
             for e in entries:
-                if e["file"] not in loaded:
-                    loaded[e["file"]] = load_package(root / e["file"], manifest["platform"].get("kind"), fmt,
-                                                     e.get("pytree"))  # fmt: skip
-                runners[_as_key(e["key"])] = loaded[e["file"]]
-        for path in region["instances"]:
+                if e.file not in loaded:
+                    loaded[e.file] = load_package(root / e.file, manifest.platform.get("kind"), manifest.build.format,
+                                                  e.pytree)  # fmt: skip
+                runners[_as_key(e.key)] = loaded[e.file]
+        for path in region.instances:
             if path not in modules:
-                raise ArtifactError(f"the model has no module {path!r}, which the artifact's region {region['name']} runs")
+                raise ArtifactError(f"the model has no module {path!r}, which the artifact's region {region.name} runs")
             m = modules[path]
-            m.forward = RegionDispatch(region["name"], m, runners, buckets, installed.stats)
+            m.forward = RegionDispatch(region.name, m, runners, buckets, installed.stats)
             installed.modules.append(m)
     installed.stats["packages"] = len(loaded)
     return installed
-
-
-def file_format(manifest: dict[str, Any]) -> str:
-    """The format of the artifact's compiled files (artifacts from before formats are AOTInductor's)."""
-    return manifest["build"].get("format", "aoti-package")
 
 
 def load_package(path: Path, kind: str | None, fmt: str = "aoti-package", specs: dict[str, str] | None = None):
@@ -156,7 +150,7 @@ print("all loaded", flush=True)
 """
 
 
-def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600, only: set[str] | None = None) -> None:
+def probe_load(root: Path, manifest: Manifest, timeout: float = 600, only: set[str] | None = None) -> None:
     """Load every compiled file of the artifact in a child process first: a package that crashes the
     loader (a native fault inside AOTInductor, which no Python error handler can catch) then fails this
     call with the file's name instead of killing the caller. Costs one Python start (a few seconds)."""
@@ -164,10 +158,10 @@ def probe_load(root: Path, manifest: dict[str, Any], timeout: float = 600, only:
     import subprocess
     import sys
 
-    files = [e["file"] for e in artifact_files(manifest) if only is None or e["file"] in only]
-    kind = manifest["platform"].get("kind") or "cpu"
+    files = [e.file for e in manifest.files() if only is None or e.file in only]
+    kind = manifest.platform.get("kind") or "cpu"
     try:
-        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, file_format(manifest), *files],
+        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, manifest.build.format, *files],
                               capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise ArtifactError(f"loading the compiled files of {root} did not finish in {timeout:.0f} s (in a child process)") from None
@@ -198,41 +192,41 @@ def _as_key(value: Any) -> tuple:
     return value
 
 
-def _model_for(manifest: dict[str, Any], weights, device: str, dtype: torch.dtype) -> nn.Module:
+def _model_for(manifest: Manifest, weights, device: str, dtype: torch.dtype) -> nn.Module:
     """The model to load the artifact into: `weights` itself (a module), a diffusers directory, or, for an
     artifact built with seeded random weights (a preset or module:Class), the same model made again."""
     from omni_compile.models import resolve_model
 
     if isinstance(weights, nn.Module):
         return weights
-    source = manifest["model"]["source"]
+    source = manifest.model.source
     if weights is None:
-        seed = manifest["weights"].get("seed")
+        seed = manifest.weights.get("seed")
         if seed is None:
             raise ArtifactError(
                 f"the artifact was built from the weights in {source}; pass them: weights= (the loaded transformer "
                 "or its directory), or --weights DIR on the command line"
             )
-        spec = resolve_model(source.removeprefix("preset:"), model_config=manifest["model"]["config"])
+        spec = resolve_model(source.removeprefix("preset:"), model_config=manifest.model.config)
         return spec.load(dtype=dtype, device=device, seed=seed)
     spec = resolve_model(str(weights))
     return spec.load(dtype=dtype, device=device)
 
 
-def _adapter_for(manifest: dict[str, Any], model: nn.Module, example_inputs: str | None):
+def _adapter_for(manifest: Manifest, model: nn.Module, example_inputs: str | None):
     """The adapter that makes the example inputs `verify` runs: the family's, or for a model with no
     adapter one around the example-input function the build recorded (or `example_inputs`)."""
     from omni_compile.models import ADAPTERS
     from omni_compile.models.generic import GenericAdapter
     from omni_compile.models.registry import import_object
 
-    family = manifest["model"]["family"]
+    family = manifest.model.family
     if family in ADAPTERS:
         return ADAPTERS[family]
-    ref = example_inputs or manifest["build"].get("example_inputs")
+    ref = example_inputs or manifest.build.example_inputs
     if not ref:
         raise ArtifactError(
-            f"{manifest['model']['source']} has no adapter and the artifact records no example-input function; "
+            f"{manifest.model.source} has no adapter and the artifact records no example-input function; "
             "pass example_inputs= (--example-inputs module:function), the function the build used"
         )
     return GenericAdapter(type(model), import_object(ref, "--example-inputs"))
@@ -240,22 +234,22 @@ def _adapter_for(manifest: dict[str, Any], model: nn.Module, example_inputs: str
 
 def check(
     artifact: str | Path, *, device: str | None = None, jit_fallback: bool = False
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[Manifest, list[str]]:
     """Read the manifest, compare the platform and, when it matches, every file's sha256; returns
     (manifest, platform differences). A difference refuses the artifact unless `jit_fallback`."""
     root = Path(artifact)
     manifest = read_manifest(root)
-    call = manifest["build"].get("region_call", "(state, args, kwargs)")
+    call = manifest.build.region_call
     if call != aot.REGION_CALL:
         raise ArtifactError(
             f"{root}: its compiled regions are called as {call}, this omni-compile calls them as {aot.REGION_CALL} "
             "(the artifact was built by an older omni-compile); rebuild it"
         )
-    device = device or manifest["build"]["device"]
+    device = device or manifest.build.device
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        diffs = [f"device kind: artifact {manifest['platform'].get('kind')!r}, here no CUDA GPU"]
+        diffs = [f"device kind: artifact {manifest.platform.get('kind')!r}, here no CUDA GPU"]
     else:
-        diffs = platform_differences(manifest["platform"], current_platform(device))
+        diffs = platform_differences(manifest.platform, current_platform(device))
     if diffs and not jit_fallback:
         raise ArtifactError(
             f"{root} was built for another platform: " + "; ".join(diffs)
@@ -267,14 +261,14 @@ def check(
     return manifest, diffs
 
 
-def _check_attention_backends(root: Path, manifest: dict[str, Any], platform) -> None:
+def _check_attention_backends(root: Path, manifest: Manifest, platform) -> None:
     """The attention backends the compiled files call must run here (an installed FlashAttention build, say):
     refuse with each one's reason and the backends that would run, never fall back silently."""
     from omni_compile.attention import flash  # noqa: F401  (registers the FlashAttention ops the files call)
     from omni_compile.attention.backends import BACKENDS, preference
 
     problems = []
-    for name in manifest.get("attention", {}).get("backends", []):
+    for name in manifest.attention.get("backends", []):
         if name not in BACKENDS:
             problems.append(f"{name}: unknown to this omni-compile (built by a newer one?)")
         elif (why := BACKENDS[name].check(platform, explicit=True)) is not None:
@@ -306,25 +300,25 @@ def load(
     t0 = time.perf_counter()
     manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
     check_s = time.perf_counter() - t0
-    device = device or manifest["build"]["device"]
-    model = _model_for(manifest, weights, device, parse_dtype(manifest["build"]["dtype"]))
+    device = device or manifest.build.device
+    model = _model_for(manifest, weights, device, parse_dtype(manifest.build.dtype))
     model = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
     if not diffs:
         model._omni_artifact.seconds["check"] = round(check_s, 4)
     return model
 
 
-def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
+def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
     """`load` after `check`: the weights check, then the JIT fallback or the compiled files."""
     t0 = time.perf_counter()
-    cdiffs = config_differences(manifest["model"]["config"], model)
+    cdiffs = config_differences(manifest.model.config, model)
     if cdiffs:
         raise ArtifactError(
             "the model's config differs from the one the artifact was compiled for (the compiled regions would "
             "compute something else): " + "; ".join(cdiffs) + ". Load it into a model of the artifact's config, "
             "or build an artifact for this one"
         )
-    wdiffs = weights_differences(manifest["weights"]["tensors"], model)
+    wdiffs = weights_differences(manifest.weights["tensors"], model)
     if wdiffs:
         raise ArtifactError("the weights do not match the artifact's model: " + "; ".join(wdiffs))
     if diffs:
@@ -332,7 +326,7 @@ def _load_checked(root: Path, manifest: dict, diffs: list[str], model: nn.Module
         from omni_compile.config import CompileConfig
 
         warnings.warn(f"{root}: platform differs ({'; '.join(diffs)}); compiling just in time instead", stacklevel=3)
-        return omni_compile.compile(model, CompileConfig.from_dict(manifest["build"]["compile_config"]))
+        return omni_compile.compile(model, CompileConfig.from_dict(manifest.build.compile_config))
     t1 = time.perf_counter()
     installed = install(model, manifest, root)
     installed.seconds.update(weights_check=round(t1 - t0, 4), packages=round(time.perf_counter() - t1, 4))
@@ -375,27 +369,27 @@ def verify(
 
     root = Path(artifact)
     manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
-    device = device or manifest["build"]["device"]
-    dtype = parse_dtype(manifest["build"]["dtype"])
-    checks = [f"manifest {manifest['schema']} ({manifest['model']['source']}, {manifest['build']['dtype']})"]
+    device = device or manifest.build.device
+    dtype = parse_dtype(manifest.build.dtype)
+    checks = [f"manifest {manifest.schema} ({manifest.model.source}, {manifest.build.dtype})"]
     checks.append("platform matches" if not diffs else "platform differs (JIT fallback): " + "; ".join(diffs))
     if not diffs:
-        checks.append(f"{len(artifact_files(manifest))} compiled files match their sha256")
+        checks.append(f"{len(manifest.files())} compiled files match their sha256")
         probe_load(root, manifest)
         checks.append("every compiled file loads (in a child process)")
     model = _model_for(manifest, weights, device, dtype)
     adapter = _adapter_for(manifest, model, example_inputs)
-    text_len = manifest["build"].get("text_len")
+    text_len = manifest.build.text_len
     references = {}
     with torch.no_grad():
-        for b in manifest["build"]["buckets"]:
+        for b in manifest.build.buckets:
             inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device, text_len=text_len,
-                                            seed=manifest["build"].get("seed", 0))  # fmt: skip
+                                            seed=manifest.build.seed)  # fmt: skip
             references[b] = (inputs, bucket_output(model(**inputs)).clone())
     before = _compilations()
     loaded = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
-    checks.append(f"config matches ({len(manifest['model']['config'])} fields)")
-    checks.append(f"weights match ({len(manifest['weights']['tensors'])} tensors, names, shapes and dtypes)")
+    checks.append(f"config matches ({len(manifest.model.config)} fields)")
+    checks.append(f"weights match ({len(manifest.weights['tensors'])} tensors, names, shapes and dtypes)")
     parity = {}
     with torch.no_grad():
         for b, (inputs, ref) in references.items():

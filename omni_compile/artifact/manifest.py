@@ -8,6 +8,7 @@ for a JIT fallback.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -116,41 +117,172 @@ def config_differences(recorded: dict[str, Any], model: torch.nn.Module) -> list
     return out
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+# ------------------------------------------------------------------ the typed manifest
+
+
+def _record(cls, data: Any, where: str):
+    """`cls` (a dataclass) from its JSON object: an unknown field or a missing required one is an error naming it."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{where} must be a JSON object, not {type(data).__name__}; the artifact is corrupt, rebuild it")
+    fields = {f.metadata.get("json", f.name): f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ArtifactError(f"{where} has unknown field(s) {unknown} (written by a newer omni-compile?); rebuild the "
+                            "artifact with this one")  # fmt: skip
+    values = {}
+    for key, f in fields.items():
+        if key in data:
+            values[f.name] = f.metadata.get("read", lambda v, w: v)(data[key], f"{where}.{key}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ArtifactError(f"{where} has no field {key!r} (the artifact was built by an older omni-compile); "
+                                "rebuild it")  # fmt: skip
+    return cls(**values)
+
+
+def _json(record) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.metadata.get("optional") and value is None:
+            continue
+        out[f.metadata.get("json", f.name)] = f.metadata.get("write", lambda v: v)(value)
+    return out
+
+
+def _field(json_name: str | None = None, read=None, write=None, optional: bool = False, **kwargs):
+    meta = {k: v for k, v in (("json", json_name), ("read", read), ("write", write)) if v is not None}
+    if optional:
+        meta["optional"] = True
+        kwargs.setdefault("default", None)
+    return dataclasses.field(metadata=meta, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledFileEntry:
+    """One compiled file of a region: the call signature it serves and how to check and load it."""
+
+    signature: str
+    call: str  # readable: the call's shapes and values
+    key: list  # the full call signature
+    file: str  # relative to the artifact
+    sha256: str
+    graph_hash: str
+    instances: list[str]  # module paths whose calls it serves
+    passes: dict[str, int]
+    compile_seconds: float
+    cache_key: str | None
+    region_identity: str | None
+    source: str  # "compiled" or "store"
+    pytree: dict[str, str] | None = _field(optional=True)  # inductor-standalone: input and output tree specs
+
+
+def _files(value, where):
+    return {b: [_record(CompiledFileEntry, e, f"{where}[{b!r}][{i}]") for i, e in enumerate(es)]
+            for b, es in value.items()}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionEntry:
+    """A region (a block class, or a piece of glue) with its compiled files per bucket."""
+
+    name: str
+    kind: str  # "block" or "glue"
+    cls: str = _field("class")
+    instances: list[str] = _field()
+    buckets: dict[str, list[CompiledFileEntry]] = _field(read=_files, write=lambda v: {
+        b: [_json(e) for e in es] for b, es in v.items()})  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRecord:
+    source: str  # "preset:NAME", a directory, or "module:Class"
+    family: str
+    cls: str = _field("class")
+    config: dict[str, Any] = _field()  # every public field of the built model's diffusers config
+    config_hash: str = _field()
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRecord:
+    mode: str
+    format: str  # the compiled-file format (artifact.aot.FORMATS)
+    region_call: str  # how a compiled region is called (aot.REGION_CALL)
+    dtype: str
+    device: str
+    buckets: list[str]
+    text_len: int | None
+    seed: int  # of the random weights and the example inputs
+    example_inputs: str | None  # module:function for a model with no adapter
+    compile_config: dict[str, Any]
+    compile_config_hash: str
+
+
+def _regions(value, where):
+    return [_record(RegionEntry, r, f"{where}[{i}]") for i, r in enumerate(value)]
+
+
+@dataclasses.dataclass
+class Manifest:
+    """`manifest.json`, read and checked once (`read_manifest`); docs/artifact.md documents every field."""
+
+    schema: str
+    omni_compile_version: str
+    created: str
+    model: ModelRecord = _field(read=lambda v, w: _record(ModelRecord, v, w), write=_json)
+    weights: dict[str, Any] = _field()  # reference, seed or files, tensors: name -> [shape, dtype]
+    build: BuildRecord = _field(read=lambda v, w: _record(BuildRecord, v, w), write=_json)
+    platform: dict[str, Any] = _field()  # the build machine (platform_record)
+    pass_uuid: str = _field()
+    regions: list[RegionEntry] = _field(read=_regions, write=lambda v: [_json(r) for r in v])
+    attention: dict[str, Any] = _field()  # config, per_role, backends
+    fusion: dict[str, Any] = _field()  # passes, matches, fused_op_implementations
+    parity: dict[str, Any] = _field()  # bucket -> the check against eager
+    timing: dict[str, Any] = _field()
+    compilations: dict[str, int] = _field()
+    store: dict[str, Any] | None = _field(optional=True)  # --store: hits, misses, published
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = MANIFEST) -> Manifest:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise ArtifactError(f"{where}: schema {got!r}, this omni-compile reads {SCHEMA!r}; rebuild the artifact")
+        return _record(cls, data, where)
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    def files(self) -> list[CompiledFileEntry]:
+        """Every compiled file, once each."""
+        seen: dict[str, CompiledFileEntry] = {}
+        for region in self.regions:
+            for entries in region.buckets.values():
+                for entry in entries:
+                    seen.setdefault(entry.file, entry)
+        return list(seen.values())
+
+
+def read_manifest(root: Path) -> Manifest:
     path = root / MANIFEST
     if not root.is_dir():
         raise ArtifactError(f"{root} is not an artifact directory (expected a directory written by `omni-compile build`)")
     if not path.is_file():
         raise ArtifactError(f"{root}: no {MANIFEST}; not an omni-compile artifact, or an incomplete copy")
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except ValueError as e:
         raise ArtifactError(f"{path}: not valid JSON ({e}); the artifact is corrupt, rebuild it") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        got = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ArtifactError(f"{path}: schema {got!r}, this omni-compile reads {SCHEMA!r}; rebuild the artifact")
-    return manifest
+    return Manifest.from_json(data, str(path))
 
 
-def artifact_files(manifest: dict[str, Any]) -> list[dict[str, str]]:
-    """Every compiled file the manifest lists, once each: {"file", "sha256", ...}."""
-    seen: dict[str, dict] = {}
-    for region in manifest.get("regions", []):
-        for entries in region.get("buckets", {}).values():
-            for entry in entries:
-                seen.setdefault(entry["file"], entry)
-    return list(seen.values())
-
-
-def verify_files(root: Path, manifest: dict[str, Any]) -> None:
+def verify_files(root: Path, manifest: Manifest) -> None:
     """Refuse when a listed file is missing or its sha256 differs (naming the file)."""
-    for entry in artifact_files(manifest):
-        path = root / entry["file"]
+    for entry in manifest.files():
+        path = root / entry.file
         if not path.is_file():
-            raise ArtifactError(f"{root}: compiled file {entry['file']} is missing; the artifact is incomplete, rebuild it")
+            raise ArtifactError(f"{root}: compiled file {entry.file} is missing; the artifact is incomplete, rebuild it")
         digest = sha256_file(path)
-        if digest != entry["sha256"]:
+        if digest != entry.sha256:
             raise ArtifactError(
-                f"{root}: compiled file {entry['file']} fails its checksum (sha256 {digest[:16]}..., manifest "
-                f"{entry['sha256'][:16]}...); the file was changed or corrupted, rebuild the artifact"
+                f"{root}: compiled file {entry.file} fails its checksum (sha256 {digest[:16]}..., manifest "
+                f"{entry.sha256[:16]}...); the file was changed or corrupted, rebuild the artifact"
             )

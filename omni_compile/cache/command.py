@@ -114,27 +114,27 @@ def _resolve(store: Store, target: str, absent: str) -> str:
 def _transfer(store: Store, action: str, root: Path, absent: str, console) -> int:
     """push: publish the artifact's files (checked against its manifest first); pull: fetch the missing or
     damaged ones."""
-    from omni_compile.artifact.manifest import artifact_files, read_manifest, sha256_file
+    from omni_compile.artifact.manifest import read_manifest, sha256_file
 
     manifest = read_manifest(root)
-    files = [e for e in artifact_files(manifest) if e.get("cache_key")]
+    files = [e for e in manifest.files() if e.cache_key]
     if not files:
         raise ConfigError(f"{root}: its manifest has no cache keys (built before stores existed); rebuild it")
     done = 0
     for e in files:
-        path = root / e["file"]
+        path = root / e.file
         if action == "push":
-            if not path.is_file() or sha256_file(path) != e["sha256"]:
-                raise ConfigError(f"{root}: {e['file']} is missing or fails its checksum; not pushing a bad file")
-            meta = {"label": e["file"], "graph_hash": e["graph_hash"], "passes": e["passes"], "pytree": e.get("pytree")}
-            done += store.put(e["cache_key"], path.read_bytes(), meta)
+            if not path.is_file() or sha256_file(path) != e.sha256:
+                raise ConfigError(f"{root}: {e.file} is missing or fails its checksum; not pushing a bad file")
+            meta = {"label": e.file, "graph_hash": e.graph_hash, "passes": e.passes, "pytree": e.pytree}
+            done += store.put(e.cache_key, path.read_bytes(), meta)
         else:
-            if path.is_file() and sha256_file(path) == e["sha256"]:
+            if path.is_file() and sha256_file(path) == e.sha256:
                 continue
-            entry = store.get(e["cache_key"])
-            if entry is None or entry.sha256 != e["sha256"]:
+            entry = store.get(e.cache_key)
+            if entry is None or entry.sha256 != e.sha256:
                 where = f" ({absent})" if absent else ""
-                raise ConfigError(f"{store.url} has no entry for {e['file']} matching the manifest's sha256{where}")
+                raise ConfigError(f"{store.url} has no entry for {e.file} matching the manifest's sha256{where}")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(entry.data)
             done += 1

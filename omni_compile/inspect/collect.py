@@ -97,32 +97,31 @@ def inspect_artifact(root: Path) -> dict[str, Any]:
     if report_path.is_file():
         files = {f["file"]: f for f in json.loads(report_path.read_text()).get("files", [])}
     regions = []
-    for r in manifest["regions"]:
+    for r in manifest.regions:
         by_sig: dict[str, dict] = {}
-        for bucket, entries in r["buckets"].items():
+        for bucket, entries in r.buckets.items():
             for e in entries:
-                by_sig.setdefault(e["signature"], {"entry": e, "buckets": []})["buckets"].append(bucket)
+                by_sig.setdefault(e.signature, {"entry": e, "buckets": []})["buckets"].append(bucket)
         graphs = []
         for sig, item in by_sig.items():
-            e, extra = item["entry"], files.get(item["entry"]["file"], {})
-            graphs.append(_graph_entry(dumps / r["name"] / sig, sig, e["graph_hash"], item["buckets"],
-                                       e.get("call", ""), e["passes"], extra.get("fused_op_implementations"),
-                                       extra.get("attention")))  # fmt: skip
-        regions.append({"name": r["name"], "kind": r["kind"], "class": r["class"], "instances": r["instances"],
-                        "graphs": graphs})  # fmt: skip
-    b = manifest["build"]
+            e = item["entry"]
+            extra = files.get(e.file, {})
+            graphs.append(_graph_entry(dumps / r.name / sig, sig, e.graph_hash, item["buckets"], e.call, e.passes,
+                                       extra.get("fused_op_implementations"), extra.get("attention")))  # fmt: skip
+        regions.append({"name": r.name, "kind": r.kind, "class": r.cls, "instances": r.instances, "graphs": graphs})
+    m, b = manifest.model, manifest.build
     return {
         "schema": SCHEMA,
         "target": {"kind": "artifact", "path": str(root)},
-        "model": {k: manifest["model"][k] for k in ("source", "family", "class")},
-        "dtype": b["dtype"],
-        "device": b["device"],
-        "buckets": b["buckets"],
-        "platform": manifest["platform"],
-        "passes": {"enabled": manifest["fusion"]["passes"], "uuid": manifest["pass_uuid"],
-                   "matches": manifest["fusion"]["matches"]},  # fmt: skip
-        "attention": manifest["attention"]["per_role"],
-        "fused_op_implementations": manifest["fusion"]["fused_op_implementations"],
+        "model": {"source": m.source, "family": m.family, "class": m.cls},
+        "dtype": b.dtype,
+        "device": b.device,
+        "buckets": b.buckets,
+        "platform": manifest.platform,
+        "passes": {"enabled": manifest.fusion["passes"], "uuid": manifest.pass_uuid,
+                   "matches": manifest.fusion["matches"]},  # fmt: skip
+        "attention": manifest.attention["per_role"],
+        "fused_op_implementations": manifest.fusion["fused_op_implementations"],
         "regions": regions,
         "dynamo": {"available": False, "reason": "an artifact is exported with torch.export (no Dynamo entry "
                    "points are stored); inspect the model for the Dynamo view"},  # fmt: skip
