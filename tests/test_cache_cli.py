@@ -133,9 +133,18 @@ def _artifact(tmp_path, key: str) -> tuple:
     (art / "regions").mkdir(parents=True)
     data = os.urandom(300)
     (art / "regions" / "r.pt2").write_bytes(data)
-    entry = {"file": "regions/r.pt2", "sha256": hashlib.sha256(data).hexdigest(), "cache_key": key,
-             "graph_hash": "trace:x", "passes": {}}  # fmt: skip
-    manifest = {"schema": SCHEMA, "regions": [{"buckets": {"64x64": [entry]}}]}
+    entry = {"signature": "s", "call": "1x16x32", "key": [], "file": "regions/r.pt2",
+             "sha256": hashlib.sha256(data).hexdigest(), "graph_hash": "trace:x", "instances": ["blocks.0"],
+             "passes": {}, "compile_seconds": 0.0, "cache_key": key, "region_identity": "trace:x", "source": "compiled"}
+    build = {"mode": "aot", "format": "aoti-package", "region_call": "state+tensor-leaves", "dtype": "fp32",
+             "device": "cpu", "buckets": ["64x64"], "text_len": None, "seed": 0, "example_inputs": None,
+             "compile_config": {}, "compile_config_hash": "h"}
+    manifest = {"schema": SCHEMA, "omni_compile_version": "0", "created": "", "pass_uuid": "u",
+                "model": {"source": "m", "family": "generic", "class": "C", "config": {}, "config_hash": "h"},
+                "weights": {"reference": "random seed 0", "seed": 0, "tensors": {}}, "build": build, "platform": {},
+                "regions": [{"name": "r", "kind": "block", "class": "C", "instances": ["blocks.0"],
+                             "buckets": {"64x64": [entry]}}],
+                "attention": {}, "fusion": {}, "parity": {}, "timing": {}, "compilations": {}}  # fmt: skip
     (art / MANIFEST).write_text(json.dumps(manifest))
     return art, data
 
