@@ -90,14 +90,14 @@ def check_family(manifest, artifact) -> None:
                                        "text-to-image pipelines only")  # fmt: skip
 
 
-def pipeline_dir(config: ServeConfig, manifest) -> Path | None:
-    """The diffusers pipeline directory to read the other parts from, or None for a preset's random one."""
+def pipeline_dir(config: ServeConfig, source: str) -> Path | None:
+    """The diffusers pipeline directory to read the other parts from, or None for a preset's random one;
+    `source` is the artifact's model source."""
     if config.pipeline:
         d = Path(config.pipeline)
         if not (d / "model_index.json").is_file():
             raise omni_compile.ConfigError(f"--pipeline {d} is not a diffusers pipeline directory (no model_index.json)")
         return d
-    source = manifest.model.source
     if source.startswith("preset:"):
         return None
     d = Path(source)
@@ -123,7 +123,7 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
     check_family(manifest, config.artifact)
     device = config.device or manifest.build.device
     dtype = parse_dtype(manifest.build.dtype)
-    root = pipeline_dir(config, manifest)
+    root = pipeline_dir(config, manifest.model.source)
     dlogging.set_verbosity_error()
     t0 = time.perf_counter()
     if root is None:  # the build's seeded random weights, and a random pipeline of the same preset

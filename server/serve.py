@@ -119,7 +119,7 @@ def run_serve(args, console) -> int:
     manifest = read_manifest(Path(config.artifact))
     check_family(manifest, config.artifact)
     check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)  # platform and sha256s
-    pipeline_dir(config, manifest)  # a missing pipeline directory is reported before anything loads
+    pipeline_dir(config, manifest.model.source)  # a missing pipeline directory is reported before anything loads
     console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
     app = build_app(config)

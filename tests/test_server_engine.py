@@ -333,11 +333,11 @@ def test_pipeline_dir_from_manifest(tmp_path):
     root = tmp_path / "pipe"
     (root / "transformer").mkdir(parents=True)
     (root / "model_index.json").write_text("{}")
-    built_from_root = {"model": {"source": str(root / "transformer")}}  # `omni-compile build DIR` records DIR/transformer
+    built_from_root = str(root / "transformer")  # `omni-compile build DIR` records DIR/transformer as the source
     assert pipeline_dir(ServeConfig(artifact="a"), built_from_root) == root
-    assert pipeline_dir(ServeConfig(artifact="a"), {"model": {"source": "preset:flux-tiny"}}) is None
-    assert pipeline_dir(ServeConfig(artifact="a", pipeline=str(root)), {"model": {"source": "preset:flux-tiny"}}) == root
+    assert pipeline_dir(ServeConfig(artifact="a"), "preset:flux-tiny") is None
+    assert pipeline_dir(ServeConfig(artifact="a", pipeline=str(root)), "preset:flux-tiny") == root
     with pytest.raises(ConfigError, match="--pipeline"):
-        pipeline_dir(ServeConfig(artifact="a"), {"model": {"source": str(tmp_path / "elsewhere" / "transformer")}})
+        pipeline_dir(ServeConfig(artifact="a"), str(tmp_path / "elsewhere" / "transformer"))
     with pytest.raises(ConfigError, match="model_index.json"):
         pipeline_dir(ServeConfig(artifact="a", pipeline=str(tmp_path)), built_from_root)
