@@ -9,7 +9,7 @@
 #   bash bench/gpu.sh install e2e
 #
 # Stages:
-#   fa4libs    check that .fa4/cu13.tar.xz arrived (it stays in the machine's copy of the tree)
+#   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/site (it stays there while the machine is warm)
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
 #              CUDA libraries from .fa4/cu13.tar.xz into the same place when the file is there
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
@@ -41,17 +41,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 for stage in "$@"; do
   case $stage in
     fa4libs)
-      ls -la .fa4/cu13.tar.xz && xz -t .fa4/cu13.tar.xz && echo "fa4libs ok at ${SECONDS}s" ;;
+      # unpacked at once into /tmp/site, which stays on the warm machine (the tree copy's .fa4 does not)
+      mkdir -p /tmp/site && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/site && echo "fa4libs unpacked at ${SECONDS}s" ;;
     install)
       # SKIP_WHEELS: a regex of wheel names to leave out (e.g. flash_attn_4, to run without FA4)
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         $(ls .whl/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
-        && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . || exit 1
-      # FA4's CUDA 13 libraries go into the same package folders as its wheels (installed above)
-      [ -f .fa4/cu13.tar.xz ] && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/site && echo "FA4 libraries unpacked"
+        && python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-      python3 -c "import importlib.util as u; print({m: bool(u.find_spec(m)) for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
-        | tee "$OUT/installed.txt"
+      python3 -P -c "from omni_compile.attention.backends import import_error as e; print({m: e(m) or 'ok' for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
+        | tee -a "$OUT/gpu.txt"
       echo "install at ${SECONDS}s" ;;
     attention)
       run attention 150 python3 -P bench/attention.py --backends sdpa,sdpa-cudnn,fa3,fa4,triton --reps 20 \
@@ -62,7 +61,7 @@ for stage in "$@"; do
         $A::test_attention_pass_on_cuda[FA3_ATTN] $A::test_attention_pass_on_cuda[FA4_ATTN] tests/test_gemm_gelu.py
         tests/test_cuda_graphs.py tests/test_artifact_gpu.py"}
       # shellcheck disable=SC2086
-      run gpu_tests 330 python3 -P -m pytest -q -rs -m gpu $TESTS -p no:cacheprovider --timeout 280
+      run gpu_tests 330 python3 -P -m pytest -q -rfs --tb=short -m gpu $TESTS -p no:cacheprovider --timeout 280
       tail -3 "$OUT/gpu_tests.txt" ;;
     w3)
       run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \
@@ -89,9 +88,13 @@ for stage in "$@"; do
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
+# one file for every stage's stderr: at most 8 files come back from $OUT
+for f in "$OUT"/*.log; do [ -s "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done > "$OUT/stderr.txt"
+rm -f "$OUT"/*.log
 echo "=== tables ==="
 for f in attention kernels e2e_w3 e2e_W1 e2e_W2 artifact store serve inspect; do
   [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
 done
-grep -hE "Traceback|Error|error:" "$OUT"/*.log 2>/dev/null | sort | uniq -c | sort -rn | head -8
+grep -hE "Traceback|Error|error:" "$OUT/stderr.txt" 2>/dev/null | sort | uniq -c | sort -rn | head -8
+[ -s "$OUT/gpu_tests.txt" ] && { echo "--- gpu_tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.txt" | tail -25; }
 exit 0

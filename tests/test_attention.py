@@ -128,6 +128,22 @@ def test_flash_attention_missing_names_the_install(no_flash):
     assert "FlashAttention-2 is not installed (pip install flash-attn)" in reason_of("FLASH_ATTN", H200)
 
 
+def test_a_build_that_does_not_import_is_not_capable(monkeypatch, tmp_path):
+    """A FlashAttention package that is present but fails to import (FA4 without the CUTLASS DSL's
+    libraries, say) is refused with the import error, and auto skips it."""
+    (tmp_path / "fa3_fwd_interface.py").write_text("import no_such_cutlass_dsl\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    B.import_error.cache_clear()
+    try:
+        msg = reason_of("FA3_ATTN", H200)
+        assert ("FlashAttention-3 is installed but does not import here (ModuleNotFoundError: No module named "
+                "'no_such_cutlass_dsl'); pip install 'omni-compile[fa3]'") in msg, msg
+        res = resolve(AttentionConfig(measure=False), "flux.joint", H200, BF16_128)
+        assert res.backend == "CUDNN_ATTN" and res.skipped[0][0] == "FA3_ATTN", res
+    finally:
+        B.import_error.cache_clear()
+
+
 def test_fa3_fwd_takes_bf16_only(monkeypatch):
     """The fa3-fwd wheel is built without FA3's fp16 kernels; FA3's own hopper build has them."""
     monkeypatch.setattr(B, "_has_module", lambda name: name == "fa3_fwd_interface")

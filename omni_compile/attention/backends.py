@@ -17,6 +17,7 @@ first failed requirement as a sentence. `preference(platform)` is the list autom
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -50,10 +51,27 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _has_module(name: str) -> bool:
+    """`name` is installed here and imports (a package can be present with a dependency missing: the
+    FA4 wheel without the CUTLASS DSL's libraries, say)."""
+    return _found(name) and import_error(name) is None
+
+
+def _found(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+@functools.cache
+def import_error(name: str) -> str | None:
+    """Why importing `name` fails here ("ModuleNotFoundError: No module named 'cutlass'"), or None when it
+    imports. Imported once per process, on the first capability check that finds the package."""
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any failure of a third-party import makes the backend unusable
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 # ------------------------------------------------------------------ FlashAttention builds
@@ -119,6 +137,9 @@ def _flash_available(backend: str) -> Callable[[Platform], str | None]:
             serves = " and ".join(f"sm{m}x" if m != 9 else "sm90" for m in build.majors)
             return f"{build.label} serves {serves} GPUs, not {platform.arch} ({platform.device_name})"
         if build.module() is None:
+            broken = [m for m in build.modules if _found(m) and import_error(m) is not None]
+            if broken:
+                return f"{build.label} is installed but does not import here ({import_error(broken[0])}); {build.install}"
             return f"{build.label} is not installed ({build.install})"
         return None
 
