@@ -49,6 +49,9 @@ for stage in "$@"; do
         $(ls .whl/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      # the CUTLASS DSL puts its `cutlass` package on sys.path from a .pth file, which a --target folder on
+      # PYTHONPATH does not run: FA4 imports only with that folder named here
+      [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
       python3 -P -c "from omni_compile.attention.backends import import_error as e; print({m: e(m) or 'ok' for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
         | tee -a "$OUT/gpu.txt"
       echo "install at ${SECONDS}s" ;;
