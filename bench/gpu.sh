@@ -9,9 +9,9 @@
 #   bash bench/gpu.sh install e2e
 #
 # Stages:
-#   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/site (it stays there while the machine is warm)
+#   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/fa4libs (it stays there while the machine is warm)
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
-#              CUDA libraries from .fa4/cu13.tar.xz into the same place when the file is there
+#              CUDA libraries from /tmp/fa4libs (a fa4libs call before) into the same package folders
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
 #   tests      GPU tests of the suite (TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
@@ -41,13 +41,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 for stage in "$@"; do
   case $stage in
     fa4libs)
-      # unpacked at once into /tmp/site, which stays on the warm machine (the tree copy's .fa4 does not)
-      mkdir -p /tmp/site && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/site && echo "fa4libs unpacked at ${SECONDS}s" ;;
+      # unpacked at once into /tmp/fa4libs, which stays on the warm machine (the tree copy's .fa4 does not);
+      # `install` merges it into the package folders after the wheels (pip --upgrade replaces whole folders)
+      mkdir -p /tmp/fa4libs && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/fa4libs && echo "fa4libs unpacked at ${SECONDS}s" ;;
     install)
       # SKIP_WHEELS: a regex of wheel names to leave out (e.g. flash_attn_4, to run without FA4)
       python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         $(ls .whl/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
+      [ -d /tmp/fa4libs ] && cp -a /tmp/fa4libs/. /tmp/site/ && echo "FA4's CUDA libraries merged"
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       # the CUTLASS DSL puts its `cutlass` package on sys.path from a .pth file, which a --target folder on
       # PYTHONPATH does not run: FA4 imports only with that folder named here
