@@ -17,7 +17,8 @@ results and prints one table. Modes:
 
 omni modes take items after '/': pass switches (`omni/-adaln`), kernel choices (`omni/*=triton`), the
 default attention backend (`omni/attn=FA3_ATTN`), `measure=false` (auto takes the first capable backend
-instead of the fastest measured one) and `cg` (whole-step CUDA graphs: `compile(..., cuda_graphs=True)`).
+instead of the fastest measured one), `cg` (whole-step CUDA graphs: `compile(..., cuda_graphs=True)`) and
+`fuse` (the load-time weight transform `fuse_projections`: q/k/v projections as one GEMM).
 
 Per mode: first call (cold compile included), step latency (CUDA events on GPU, perf_counter on
 CPU; median/min/max over --steps after --warmup), peak memory, and the relative L2 error of the
@@ -135,7 +136,8 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         # (OP=IMPL) and default attention backend (attn=NAME).
         base, *items = mode.split("/")
         cuda_graphs = "cg" in items
-        switches = [i for i in items if "=" not in i and i != "cg"]
+        transforms = ["fuse_projections"] if "fuse" in items else []
+        switches = [i for i in items if "=" not in i and i not in ("cg", "fuse")]
         choices = dict(i.split("=", 1) for i in items if "=" in i)
         attention = {"default": {"backend": choices.pop("attn")}} if "attn" in choices else {}
         if "measure" in choices:
@@ -144,7 +146,8 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         if base == "omni-warm":
             info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
             del info
-        config = omni_compile.CompileConfig(passes=switches, kernels=kernels, attention=attention)
+        config = omni_compile.CompileConfig(passes=switches, kernels=kernels, attention=attention,
+                                            weight_transforms=transforms)
         omni_compile.compile(model, config, cuda_graphs=cuda_graphs)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

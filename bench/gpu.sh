@@ -72,7 +72,7 @@ for stage in "$@"; do
       run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \
         --json "$OUT/e2e_w3.json" ;;
     e2e)
-      E2E_MODES=${E2E_MODES:-"stock,stock-fa3,omni,omni/cg,omni/-gemm_gelu/-cat_gemm,eager"}
+      E2E_MODES=${E2E_MODES:-"stock,stock-fa3,omni,omni/cg,omni/fuse,eager"}
       for w in W1 W2; do
         run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "$E2E_MODES" --profile-modes omni,stock-fa3 \
           --json "$OUT/e2e_$w.json"

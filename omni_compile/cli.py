@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         help="fused-op implementations, e.g. rms_norm=triton or *=native (auto: kernel where it runs, else native)",
     )
     b.add_argument(
+        "--weight-transforms",
+        metavar="NAMES",
+        help="load-time weight transforms, run once when weights are bound: fuse_projections (attention q/k/v "
+        "projections as one GEMM); comma list",
+    )
+    b.add_argument(
         "--attention-backend",
         metavar="NAME",
         help="default attention backend: auto (on a GPU: the fastest capable one, measured), TORCH_SDPA, CUDNN_ATTN, "

@@ -272,10 +272,15 @@ def compile(
         from omni_compile.models.registry import adapter_for_model
 
         adapter = adapter_for_model(model)
+    pass_manager = make_pass_manager(config, platform, adapter)
+    if config.weight_transforms:  # once, on the weights being bound; never per step
+        from omni_compile.weights import apply_transforms
+
+        apply_transforms(model, config.weight_transforms)
     state = CompileState(
         config=config,
         platform=platform,
-        pass_manager=make_pass_manager(config, platform, adapter),
+        pass_manager=pass_manager,
         regions=find_regions(model, regions),
         on_region_compiled=on_region_compiled,
     )

@@ -128,6 +128,14 @@ class CompileConfig:
             "auto on a GPU times the capable backends per call shape and takes the fastest (docs/attention.md)."
         },
     )
+    weight_transforms: list[str] = field(
+        default_factory=list,
+        metadata={
+            "doc": "Load-time weight transforms, run once when the weights are bound (compile, build, load), "
+            "never per step: 'fuse_projections' (each attention module's q/k/v projections as one GEMM; "
+            "the separate weights become views of the fused one). docs/artifact.md#weight-transforms."
+        },
+    )
     fullgraph: bool = field(
         default=True, metadata={"doc": "Each region must trace as one graph; a graph break is an error."}
     )
@@ -161,6 +169,8 @@ class CompileConfig:
             "fullgraph": self.fullgraph,
             "canonicalize_strides": self.canonicalize_strides,
         }
+        if self.weight_transforms:  # only when set: the hash of every earlier config stays what it was
+            factors["weight_transforms"] = list(self.weight_transforms)
         return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
@@ -201,6 +211,13 @@ def compile_config_from_flags(args) -> CompileConfig:
     (build and inspect take the same flags)."""
     config = CompileConfig.from_dict(json_arg(args.config, "--config") or {})
     config.passes = [*config.passes, *args.passes]
+    transforms = getattr(args, "weight_transforms", None)
+    if transforms:
+        from omni_compile.weights import check_transforms
+
+        names = [t.strip() for t in transforms.split(",") if t.strip()]
+        check_transforms(names)
+        config.weight_transforms = [*config.weight_transforms, *(n for n in names if n not in config.weight_transforms)]
     if args.kernels:
         from omni_compile.ops.registry import parse_kernel_items
 

@@ -24,6 +24,8 @@ class CompilationCounters:
     region_exports: int = 0
     # Times the pass manager ran over a post-grad graph.
     pass_manager_runs: int = 0
+    # Modules changed by load-time weight transforms (`omni_compile.weights`; once per bind, never per step).
+    weight_transforms: int = 0
     # Pattern matches per pass name.
     pass_matches: Counter = field(default_factory=Counter)
 

@@ -69,6 +69,20 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
     model = build.load_model()
     load_seconds = time.perf_counter() - t0
 
+    # Load-time weight transforms run before the calls are recorded: the compiled files take the transformed
+    # weights. The parity reference stays the model as given (its eager output per bucket, taken first).
+    transforms = list(opts.compile.weight_transforms)
+    untransformed: dict[str, torch.Tensor] = {}
+    transformed: dict[str, int] = {}
+    if transforms:
+        from omni_compile.weights import apply_transforms
+
+        with torch.no_grad():
+            for bucket in buckets:
+                untransformed[str(bucket)] = bucket_output(model(**build.example_inputs(model, bucket))).clone()
+        transformed = apply_transforms(model, transforms)
+        events.on_stage("weight transforms: " + ", ".join(f"{n} ({k} modules)" for n, k in transformed.items()))
+
     regions = find_regions(model, spec.block_names(model))
     if not regions:
         raise OmniCompileError(f"{spec.source}: no repeated blocks found; nothing to compile ahead of time")
@@ -87,7 +101,8 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
         for bucket in buckets:
             recorder.bucket = str(bucket)
             inputs = build.example_inputs(model, bucket)
-            references[str(bucket)] = (inputs, bucket_output(model(**inputs)).clone())
+            output = bucket_output(model(**inputs)).clone()
+            references[str(bucket)] = (inputs, untransformed.get(str(bucket), output))
     targets = [t for t in targets if recorder.records[t.name].examples]  # glue never called is not compiled
 
     # 2. Compile one package per (target, signature) into a temporary directory beside `out`.
@@ -146,6 +161,8 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
             rec.examples.clear()  # drop the recorded example tensors
 
         manifest = _manifest(build, model, targets, records, compiled, fmt)
+        if transforms:
+            manifest["weights"]["transforms"] = transformed
 
         # 3. Parity: load the packages into this model (as `omni_compile.load` does) and run every bucket.
         # Skipped when every file came from the store and, for every bucket, each file the bucket runs

@@ -318,6 +318,11 @@ def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Mo
             "compute something else): " + "; ".join(cdiffs) + ". Load it into a model of the artifact's config, "
             "or build an artifact for this one"
         )
+    transforms = manifest.build.compile_config.get("weight_transforms") or []
+    if transforms:  # what the compiled files are bound to: the weights after the build's transforms
+        from omni_compile.weights import apply_transforms
+
+        apply_transforms(model, transforms)
     wdiffs = weights_differences(manifest.weights["tensors"], model)
     if wdiffs:
         raise ArtifactError("the weights do not match the artifact's model: " + "; ".join(wdiffs))

@@ -1,0 +1,117 @@
+"""Load-time weight transforms: changes to a model's weights that run once, when the weights are bound,
+never per step.
+
+`CompileConfig.weight_transforms` names them. `omni_compile.compile` runs them on the model before its
+regions are traced, an artifact build before it records the calls (the manifest keeps the list in its
+compile config), and `omni_compile.load(ART, weights=...)` / `verify` run the same list on the weights
+they are given before the weights check, so what is checked is what the compiled files are bound to.
+
+`fuse_projections`: every diffusers attention module that supports it (`AttentionModuleMixin` with
+`_supports_qkv_fusion`: FLUX, Wan, Qwen-Image, ...) gets its q/k/v projections (k/v for cross-attention,
+and the added q/k/v of joint attention) as one Linear each, through diffusers' own `fuse_projections`;
+its attention processor then runs one GEMM where it ran three and splits the output with views. The
+separate Linears stay (LoRA loaders and state dicts name them), their weights and biases turned into
+views of the fused ones, so the model holds one copy of those weights, not two. Exact: each output
+element is the same dot product.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from omni_compile.counters import counters
+from omni_compile.errors import ConfigError
+
+logger = logging.getLogger("omni_compile.weights")
+
+# fused Linear (as diffusers names it) -> the Linears whose rows it stacks, in order
+FUSED_FROM = {
+    "to_qkv": ("to_q", "to_k", "to_v"),
+    "to_kv": ("to_k", "to_v"),
+    "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj"),
+    "to_added_kv": ("add_k_proj", "add_v_proj"),
+}
+
+
+def _attention_mixin():
+    try:
+        from diffusers.models.attention import AttentionModuleMixin
+    except ImportError:  # diffusers too old to have it: nothing supports fusing
+        return None
+    return AttentionModuleMixin
+
+
+@torch.no_grad()
+def _share(module: nn.Module, fused_name: str) -> None:
+    """Make the separate Linears' weights and biases views of the fused Linear's (one copy in memory)."""
+    fused = getattr(module, fused_name)
+    parts = [getattr(module, n, None) for n in FUSED_FROM[fused_name]]
+    if not all(isinstance(p, nn.Linear) for p in parts):
+        return
+    for attr in ("weight", "bias"):
+        whole = getattr(fused, attr)
+        pieces = [getattr(p, attr) for p in parts]
+        if whole is None or any(t is None for t in pieces):
+            continue
+        start = 0
+        for part, piece in zip(parts, pieces):
+            rows = piece.shape[0]
+            view = whole[start : start + rows]
+            if view.shape != piece.shape or not torch.equal(view, piece):
+                raise ConfigError(
+                    f"fuse_projections: {type(module).__name__}.{fused_name}.{attr} is not the rows of "
+                    f"{'/'.join(FUSED_FROM[fused_name])} stacked in order; leave the weight transform off for this model"
+                )
+            setattr(part, attr, nn.Parameter(view, requires_grad=piece.requires_grad))
+            start += rows
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse the projections of every attention module of `model` that supports it (see the module
+    docstring); returns how many modules it fused (0 when there is none, or all are fused already)."""
+    mixin = _attention_mixin()
+    if mixin is None:
+        return 0
+    fused = 0
+    for module in model.modules():
+        if not isinstance(module, mixin) or not getattr(module, "_supports_qkv_fusion", True):
+            continue
+        if getattr(module, "fused_projections", False):
+            continue
+        before = {n for n, _ in module.named_children()}
+        module.fuse_projections()
+        if not getattr(module, "fused_projections", False):
+            continue
+        for name, _ in module.named_children():
+            if name not in before and name in FUSED_FROM:
+                _share(module, name)
+        fused += 1
+    return fused
+
+
+TRANSFORMS: dict[str, Callable[[nn.Module], int]] = {"fuse_projections": fuse_projections}
+
+
+def check_transforms(names: list[str]) -> None:
+    unknown = [n for n in names if n not in TRANSFORMS]
+    if unknown:
+        raise ConfigError(f"unknown weight transform(s) {unknown}; known: {', '.join(TRANSFORMS)}")
+
+
+def apply_transforms(model: nn.Module, names: list[str]) -> dict[str, int]:
+    """Run the named transforms on `model`, in order; returns how many modules each changed. A transform
+    finds what it already did and does nothing twice (calling this again returns zeros)."""
+    check_transforms(names)
+    done = {}
+    for name in names:
+        done[name] = TRANSFORMS[name](model)
+        counters.weight_transforms += done[name]
+        logger.info("weight transform %s: %d module(s)", name, done[name])
+    return done
+
+
+__all__ = ["FUSED_FROM", "TRANSFORMS", "apply_transforms", "check_transforms", "fuse_projections"]
