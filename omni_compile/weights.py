@@ -37,14 +37,6 @@ FUSED_FROM = {
 }
 
 
-def _attention_mixin():
-    try:
-        from diffusers.models.attention import AttentionModuleMixin
-    except ImportError:  # diffusers too old to have it: nothing supports fusing
-        return None
-    return AttentionModuleMixin
-
-
 @torch.no_grad()
 def _share(module: nn.Module, fused_name: str) -> None:
     """Make the separate Linears' weights and biases views of the fused Linear's (one copy in memory)."""
@@ -73,12 +65,11 @@ def _share(module: nn.Module, fused_name: str) -> None:
 def fuse_projections(model: nn.Module) -> int:
     """Fuse the projections of every attention module of `model` that supports it (see the module
     docstring); returns how many modules it fused (0 when there is none, or all are fused already)."""
-    mixin = _attention_mixin()
-    if mixin is None:
-        return 0
+    from diffusers.models.attention import AttentionModuleMixin
+
     fused = 0
     for module in model.modules():
-        if not isinstance(module, mixin) or not getattr(module, "_supports_qkv_fusion", True):
+        if not isinstance(module, AttentionModuleMixin) or not getattr(module, "_supports_qkv_fusion", True):
             continue
         if getattr(module, "fused_projections", False):
             continue

@@ -72,14 +72,15 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
     # Load-time weight transforms run before the calls are recorded: the compiled files take the transformed
     # weights. The parity reference stays the model as given (its eager output per bucket, taken first).
     transforms = list(opts.compile.weight_transforms)
-    untransformed: dict[str, torch.Tensor] = {}
+    references: dict[str, tuple] = {}  # bucket -> (example inputs, eager output of the model as given)
     transformed: dict[str, int] = {}
     if transforms:
         from omni_compile.weights import apply_transforms
 
         with torch.no_grad():
             for bucket in buckets:
-                untransformed[str(bucket)] = bucket_output(model(**build.example_inputs(model, bucket))).clone()
+                inputs = build.example_inputs(model, bucket)
+                references[str(bucket)] = (inputs, bucket_output(model(**inputs)).clone())
         transformed = apply_transforms(model, transforms)
         events.on_stage("weight transforms: " + ", ".join(f"{n} ({k} modules)" for n, k in transformed.items()))
 
@@ -96,13 +97,14 @@ def build_artifact(opts: BuildOptions, events: BuildEvents) -> dict[str, Any]:
 
     # 1. Record the calls of every target, and the eager output per bucket (the parity reference).
     recorder = aot.CallRecorder(targets)
-    references = {}
     with recorder, torch.no_grad():
         for bucket in buckets:
             recorder.bucket = str(bucket)
-            inputs = build.example_inputs(model, bucket)
-            output = bucket_output(model(**inputs)).clone()
-            references[str(bucket)] = (inputs, untransformed.get(str(bucket), output))
+            if str(bucket) in references:  # transformed: record with the same inputs, keep the reference
+                model(**references[str(bucket)][0])
+            else:
+                inputs = build.example_inputs(model, bucket)
+                references[str(bucket)] = (inputs, bucket_output(model(**inputs)).clone())
     targets = [t for t in targets if recorder.records[t.name].examples]  # glue never called is not compiled
 
     # 2. Compile one package per (target, signature) into a temporary directory beside `out`.
