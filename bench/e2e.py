@@ -295,6 +295,13 @@ def print_table(results: list[dict]) -> None:
                 f"{k} {v['count']}/{v['ms']:.1f}ms" for k, v in sorted(r["profile"]["by_category"].items())
             )
             print(f"  {r['workload']} {r['mode']:<10} {cats}")
+            t = r["profile"].get("timeline")
+            if t:
+                before = ", ".join(f"{c} {ms:.2f}" for c, ms in t["gap_ms_before"].items())
+                print(f"    device span {t['span_ms']:.1f} ms, busy {t['busy_ms']:.1f}, idle {t['idle_ms']:.1f} "
+                      f"({t['gaps']} gaps >= 5 us, {t['gap_ms']:.1f} ms; before: {before})")
+            for g in r["profile"].get("gemms", [])[:8]:
+                print(f"    {g['op']:<18} {g['shape']:<22} x{g['calls']:<4} {g['ms']:8.2f} ms {g['tflops']:7.1f} TFLOP/s")
 
 
 if __name__ == "__main__":
