@@ -16,7 +16,8 @@
 #   tests      GPU tests of the suite (TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
-#   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a per-category profile of the omni mode
+#   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a profile of the modes in E2E_PROFILE (default
+#              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
 #   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
@@ -74,7 +75,7 @@ for stage in "$@"; do
     e2e)
       E2E_MODES=${E2E_MODES:-"stock,stock-fa3,omni,omni/cg,omni/fuse,eager"}
       for w in W1 W2; do
-        run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "$E2E_MODES" --profile-modes omni,stock-fa3 \
+        run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "$E2E_MODES" --profile-modes "${E2E_PROFILE:-omni,stock-fa3}" \
           --json "$OUT/e2e_$w.json"
       done ;;
     artifact)
