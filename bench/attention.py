@@ -97,10 +97,9 @@ def backends(device: str) -> dict:
         from omni_compile.attention.measure import runner
         from omni_compile.platform import current_platform
 
-        for name in FLASH_BUILDS:  # fa3 (FA3_ATTN), fa4 (FA4_ATTN), fa2 (FLASH_ATTN)
+        for name, build in FLASH_BUILDS.items():  # fa3 (FA3_ATTN), fa4 (FA4_ATTN), fa2 (FLASH_ATTN)
             why = BACKENDS[name].check(current_platform("cuda"), explicit=True)
-            label = {"FA3_ATTN": "fa3", "FA4_ATTN": "fa4", "FLASH_ATTN": "fa2"}[name]
-            out[label] = (runner(name) if why is None else None, why)
+            out[build.op_name] = (runner(name) if why is None else None, why)
     from omni_compile.attention import sage, triton_attn
 
     out["triton"] = (lambda q, k, v, s: triton_attn.attention_triton(q, k, v, None, s), None)

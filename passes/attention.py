@@ -31,7 +31,7 @@ import re
 import torch
 from torch.fx.operator_schemas import normalize_function
 
-from omni_compile.attention.backends import BACKENDS, FLASH_BUILDS, AttentionCall, installed_flash_modules
+from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_flash_modules
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
 from omni_compile.passes.base import OmniPass, _source
@@ -102,7 +102,7 @@ def _cudnn_body(q, k, v, mask, scale):
     return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, False, False, scale=scale)[0]
 
 
-def _flash_body(op):
+def _op_body(op):
     def body(q, k, v, mask, scale):
         return _to_bshd(op(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
 
@@ -214,31 +214,26 @@ class AttentionPass(OmniPass):
         return 1
 
     def _body(self, backend: str, node: torch.fx.Node):
-        if backend == "TORCH_SDPA":
+        """(body, trace) of the backend's form (`AttentionBackend.form`); (None, None): leave the node."""
+        impl = BACKENDS[backend]
+        if impl.form == "sdpa":
             return None, None
-        if backend == "CUDNN_ATTN":
+        if impl.form == "cudnn":
             if node.target is aten._scaled_dot_product_cudnn_attention.default:
                 return None, None  # torch already chose cuDNN here
             return _cudnn_body, fake_trace
-        if backend in FLASH_BUILDS:
-            from omni_compile.attention import flash  # registers omni_compile::attention_fa2/fa3/fa4
-
-            return _flash_body(flash.OPS[backend]), fake_trace
-        from omni_compile.attention import sage, triton_attn
-
-        module, op = (
-            (triton_attn, torch.ops.omni_compile.attention_triton.default)
-            if backend == "TRITON_ATTN"
-            else (sage, torch.ops.omni_compile.attention_sage_triton.default)
-        )
+        if impl.form == "op":
+            return _op_body(impl.load()), fake_trace
+        assert impl.form == "kernel", f"{backend}: unknown form {impl.form!r}"
+        op, launcher = impl.load()
         if self.platform.kind == "cpu":  # the interpreter: the triton_op, as an external call
             return op, None
-        launcher = module._attention_impl if backend == "TRITON_ATTN" else module._sage_impl
         return _kernel_body(launcher), functional_trace
 
     def uuid(self) -> str:
         # What changes the rewrite: the config, the adapter's role mapping, and (through `auto`) which
         # FlashAttention build is installed.
-        factors = [super().uuid(), repr(self.config.to_json()), _source(self.role_of), repr(sorted(BACKENDS))]
+        factors = [super().uuid(), repr(self.config.to_json()), _source(self.role_of),
+                   repr(sorted((n, b.form, sorted(b.priority.items())) for n, b in BACKENDS.items()))]
         factors.append(repr(installed_flash_modules()))
         return hashlib.sha256("|".join(factors).encode()).hexdigest()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from omni_compile.attention import backends as B
+from omni_compile.attention.backends import base, flash_build
 from omni_compile.attention.backends import BACKENDS, AttentionCall, preference
 from omni_compile.attention.config import AttentionConfig, check_roles, parse_attention_text
 from omni_compile.attention.select import AttentionBackendError, check_explicit_choices, resolve
@@ -52,8 +53,8 @@ def no_flash(monkeypatch):
 @pytest.fixture
 def fa2_only(monkeypatch):
     """Only an FA2 build is installed (what `FlashBuild.module` finds is by module)."""
-    monkeypatch.setattr(B, "_has_module", lambda name: name == "flash_attn")
-    monkeypatch.setattr(B, "_fa2_has_func", lambda: True)
+    monkeypatch.setattr(base, "has_module", lambda name: name == "flash_attn")
+    monkeypatch.setattr(flash_build, "spec_is_package", lambda name: True)
 
 
 def reason_of(name, platform, call=BF16_128, role="wan.self"):
@@ -146,14 +147,14 @@ def test_a_build_that_does_not_import_is_not_capable(monkeypatch, tmp_path):
 
 def test_fa3_fwd_takes_bf16_only(monkeypatch):
     """The fa3-fwd wheel is built without FA3's fp16 kernels; FA3's own hopper build has them."""
-    monkeypatch.setattr(B, "_has_module", lambda name: name == "fa3_fwd_interface")
+    monkeypatch.setattr(base, "has_module", lambda name: name == "fa3_fwd_interface")
     fp16 = AttentionCall(torch.float16, 128, 4608, 4608)
     assert resolve(*explicit("FA3_ATTN"), H200, BF16_128).backend == "FA3_ATTN"
     assert "dtype float16 is unsupported (fa3_fwd_interface takes bfloat16)" in reason_of("FA3_ATTN", H200, fp16)
     res = resolve(AttentionConfig(measure=False), "flux.joint", H200, fp16)
     assert res.backend == "CUDNN_ATTN" and res.skipped[0][0] == "FA3_ATTN", res
     assert resolve(AttentionConfig(measure=False), "flux.joint", H200, BF16_128).backend == "FA3_ATTN"
-    monkeypatch.setattr(B, "_has_module", lambda name: name == "flash_attn_interface")
+    monkeypatch.setattr(base, "has_module", lambda name: name == "flash_attn_interface")
     assert resolve(*explicit("FA3_ATTN"), H200, fp16).backend == "FA3_ATTN"
     assert "head_size=300 is unsupported (FlashAttention-3 takes head sizes multiples of 8 from 8 to 256)" in reason_of(
         "FA3_ATTN", H200, AttentionCall(torch.bfloat16, 300, 64, 64))
@@ -220,7 +221,7 @@ def test_auto_takes_the_fastest_measured_backend(monkeypatch, caplog):
     """On a GPU, auto times every capable backend on the call's shape; a dropped one is never chosen."""
     from omni_compile.attention import measure
 
-    monkeypatch.setattr(B, "_has_module", lambda name: name == "fa3_fwd_interface")
+    monkeypatch.setattr(base, "has_module", lambda name: name == "fa3_fwd_interface")
     seen = []
 
     def fake(backends, shape):

@@ -264,7 +264,7 @@ def check(
 def _check_attention_backends(root: Path, manifest: Manifest, platform) -> None:
     """The attention backends the compiled files call must run here (an installed FlashAttention build, say):
     refuse with each one's reason and the backends that would run, never fall back silently."""
-    from omni_compile.attention import flash  # noqa: F401  (registers the FlashAttention ops the files call)
+    # importing the backends defines the FlashAttention ops the compiled files call
     from omni_compile.attention.backends import BACKENDS, preference
 
     problems = []

@@ -1,10 +1,12 @@
 """Attention backends per platform, their selection per role, and their ops.
 
-`backends` declares each backend's requirements and the platforms' preference lists; `config` the
-`{"default": ..., "per_role": ...}` configuration; `select` the choice (explicit fails closed, `auto`
-falls back and logs why). The ops live in `flash` (installed FlashAttention packages), `triton_attn`
-(our Triton flash-attention forward) and `sage` (INT8 Q·K, lossy); the graph pass that routes SDPA
-calls to them is `omni_compile.passes.attention`. Importing this package imports no kernel module.
+`backends/` holds one file per backend (its requirements, rank per platform and how it is called), each
+an implementation of the op `attention` in the implementation registry (`omni_compile.ops.registry`);
+`config` the `{"default": ..., "per_role": ...}` configuration; `select` the choice (explicit fails
+closed, `auto` is the registry's selection, measured on a GPU by `measure`). The kernels live in
+`triton_attn` (our Triton flash-attention forward) and `sage` (INT8 Q·K, lossy); FlashAttention builds are
+custom ops over the installed packages (`backends/flash_build.py`). The graph pass that routes SDPA calls
+to them is `omni_compile.passes.attention`. Importing this package imports no kernel module.
 """
 
 from omni_compile.attention.backends import BACKENDS, AttentionBackend, AttentionCall, preference

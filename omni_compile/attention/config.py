@@ -16,23 +16,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omni_compile import envs
+from omni_compile.attention.backends import BACKENDS
 from omni_compile.errors import ConfigError
 
 AUTO = "auto"
-BACKEND_NAMES = ("TORCH_SDPA", "CUDNN_ATTN", "FA3_ATTN", "FA4_ATTN", "FLASH_ATTN", "TRITON_ATTN", "SAGE_ATTN")
 
 
 def backend_name(name: Any, where: str) -> str:
-    """Validate a backend name ('auto' or one of BACKEND_NAMES, any case)."""
+    """Validate a backend name ('auto' or a registered backend, omni_compile/attention/backends/; any case)."""
+    names = ", ".join(BACKENDS)
     if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{where}: the attention backend must be a name; choose auto or one of {', '.join(BACKEND_NAMES)}")
+        raise ConfigError(f"{where}: the attention backend must be a name; choose auto or one of {names}")
     text = name.strip()
     if text.lower() == AUTO:
         return AUTO
-    if text.upper() not in BACKEND_NAMES:
-        raise ConfigError(
-            f"{where}: unknown attention backend {text!r}; choose auto or one of {', '.join(BACKEND_NAMES)}"
-        )
+    if text.upper() not in BACKENDS:
+        raise ConfigError(f"{where}: unknown attention backend {text!r}; choose auto or one of {names}")
     return text.upper()
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_compile.attention.backends import FLASH_BUILDS, AttentionCall
+from omni_compile.attention.backends import BACKENDS, AttentionCall
 
 logger = logging.getLogger("omni_compile.attention")
 
@@ -52,29 +52,7 @@ class Shape:
 
 def runner(backend: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]:
     """fn(q, k, v, scale) on [B, S, H, D] tensors -> [B, S, H, D]: `backend` as the compiled graph runs it."""
-    aten = torch.ops.aten
-    if backend == "TORCH_SDPA":
-        def sdpa(q, k, v, scale):
-            t = (x.transpose(1, 2) for x in (q, k, v))
-            return torch.nn.functional.scaled_dot_product_attention(*t, scale=scale).transpose(1, 2)
-
-        return sdpa
-    if backend == "CUDNN_ATTN":
-        def cudnn(q, k, v, scale):
-            t = (x.transpose(1, 2) for x in (q, k, v))
-            out = aten._scaled_dot_product_cudnn_attention(*t, None, False, 0.0, False, False, scale=scale)[0]
-            return out.transpose(1, 2)
-
-        return cudnn
-    if backend in FLASH_BUILDS:
-        from omni_compile.attention import flash
-
-        return flash.OPS[backend]
-    if backend == "TRITON_ATTN":
-        from omni_compile.attention import triton_attn
-
-        return lambda q, k, v, scale: triton_attn.attention_triton(q, k, v, None, scale)
-    raise ValueError(f"no runner for attention backend {backend}")
+    return BACKENDS[backend].runner()
 
 
 def _time_ms(fn: Callable[[], torch.Tensor], device: str) -> float:

@@ -4,8 +4,10 @@
   if the backend cannot run this platform, shape, dtype or mask, `AttentionBackendError` names the
   backend, the role, where the choice came from, the failed requirement and what to do. It never
   switches silently.
-- `auto` walks `preference(platform)`, skipping each backend whose checks fail, and logs the chosen
-  backend with the reason for every skip.
+- `auto` is the implementation registry's selection (`omni_compile.ops.registry.select`, the same path as
+  the fused ops'): walk `preference(platform)`, skip each backend whose checks fail, take the first that
+  runs or, on a CUDA GPU, the fastest measured (`attention.measure`); the chosen backend is logged with
+  the reason for every skip.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import logging
 from dataclasses import dataclass
 
 from omni_compile.attention.backends import BACKENDS, AttentionCall, preference
+from omni_compile.attention.backends.base import OP
 from omni_compile.attention.config import AttentionConfig, BackendChoice
 from omni_compile.errors import OmniCompileError
+from omni_compile.ops.registry import select
 from omni_compile.platform import Platform
 
 logger = logging.getLogger("omni_compile.attention")
@@ -71,27 +75,24 @@ def resolve_choice(
                 f"but cannot be used: {why}. {fix[0].upper() + fix[1:]}."
             )
         return AttentionResolution(role, backend.name, "explicitly selected", choice.source)
-    skipped, capable = [], []
-    for name in preference(platform):
-        why = BACKENDS[name].check(platform, call)
-        if why is None:
-            capable.append(name)
-        else:
-            skipped.append((name, why))
-    # TORCH_SDPA runs everywhere; an empty list means the preference list is broken.
-    assert capable, f"no attention backend can run on {platform.kind}: {skipped}"
-    if measure and platform.kind == "cuda" and call is not None and len(capable) > 1:
-        from omni_compile.attention import measure as m
+    timer = _timer(call) if measure and platform.kind == "cuda" and call is not None else None
+    res = select(OP, platform, call, timer)
+    return AttentionResolution(role, res.implementation, res.reason, choice.source, res.skipped, res.measured)
 
-        shape = m.Shape.of(call, "cuda")
-        if shape is not None:
-            times = m.measure(tuple(capable), shape)
-            best = m.fastest(times)
-            if best is not None:
-                return AttentionResolution(role, best, "fastest measured", choice.source, tuple(skipped),
-                                           (shape.describe(), times))  # fmt: skip
-    return AttentionResolution(role, capable[0], f"first of {platform.arch}'s preference list that runs this call",
-                               choice.source, tuple(skipped))  # fmt: skip
+
+def _timer(call: AttentionCall):
+    """measure(capable) for the registry's selection: time the capable backends on the call's shape."""
+    from omni_compile.attention import measure as m
+
+    shape = m.Shape.of(call, "cuda")
+    if shape is None:
+        return None
+
+    def timer(capable):
+        times = m.measure(tuple(i.name for i in capable), shape)
+        return shape.describe(), times, m.fastest(times)
+
+    return timer
 
 
 def resolve(

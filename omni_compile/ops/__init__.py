@@ -5,8 +5,21 @@ Importing this package registers every op under the `omni_compile` torch library
 every kernel that can be imported here.
 """
 
-from omni_compile.ops.registry import AUTO, FUSED_OPS, NATIVE, FusedOp, Kernel, KernelUnavailableError, Resolution
+from omni_compile.ops.registry import (
+    AUTO,
+    FUSED_OPS,
+    NATIVE,
+    FusedOp,
+    Implementation,
+    Kernel,
+    KernelUnavailableError,
+    Resolution,
+    implementations,
+    register,
+    select,
+)
 from omni_compile.ops import adaln, gated_residual, rms_norm, rms_norm_rope  # noqa: F401  (register the ops)
 from omni_compile.ops import kernels  # noqa: F401,E402  (register the kernels)
 
-__all__ = ["AUTO", "FUSED_OPS", "NATIVE", "FusedOp", "Kernel", "KernelUnavailableError", "Resolution"]
+__all__ = ["AUTO", "FUSED_OPS", "NATIVE", "FusedOp", "Implementation", "Kernel", "KernelUnavailableError", "Resolution",
+           "implementations", "register", "select"]

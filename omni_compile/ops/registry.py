@@ -1,27 +1,43 @@
-"""Registry of fused ops and how each is implemented on a platform.
+"""The implementation registry: every op omni-compile lowers (the fused ops and attention) and the
+implementations of each, with one selection path that the passes, build reports, `inspect` and the CLI
+listings all read.
 
-Dispatch follows CustomOp semantics. Every op has a native implementation (plain torch, so Inductor
-can compile it and fuse it with its neighbours); a platform kernel (a `torch.library.triton_op`
-with the op's exact schema, so Inductor embeds the Triton kernel in its generated code) is used where
-one is registered for the platform and supports the call's inputs.
+An `Implementation` is one way to run an op: the platforms it runs on, what it needs there (compute
+capability, an installed package: `available`), what it needs of a call (dtype, head size, mask, layout:
+`requirements`), its rank for automatic selection per platform kind (`priority`; absent: never automatic
+there, only by name), whether it is lossy (never automatic) and, for an attention backend on a GPU, its
+measured time per shape (`attention.measure`). Each implementation lives in a file of its own and joins
+with one `register(...)` call: a fused-op kernel in `omni_compile/ops/kernels/`, an attention backend in
+`omni_compile/attention/backends/`.
 
-The choice per op is `auto` (the kernel where it can run, else native, with the reason recorded),
-`native`, or a kernel name such as `triton`. A kernel asked for by name fails closed: if it is
-missing for the platform or does not support the inputs (dtype, head_dim, layout), resolution
-raises `KernelUnavailableError` naming the reason; it never falls back silently.
+`select(op, platform, call)` is automatic selection for every op: walk the op's ranked implementations,
+skip each whose checks fail with the reason, and take the first that runs (or, given a `measure`
+function and several candidates, the fastest). A choice by name goes through `Implementation.check(...,
+explicit=True)` and fails closed: the op's front end (`FusedOp.resolve`, `attention.select`) raises with
+the reason, never falling back silently.
+
+Fused ops follow CustomOp semantics: a native implementation (plain torch, which Inductor compiles and
+fuses with its neighbours) runs everywhere and is ranked last; a platform kernel (a
+`torch.library.triton_op` with the op's exact schema, which Inductor embeds in its generated code) ranks
+above it on the platforms it has been verified on (`auto_on`). The choice per fused op is `auto`,
+`native` or a kernel name such as `triton`; a named kernel that is missing or cannot take the inputs
+raises `KernelUnavailableError` naming the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_compile.errors import OmniCompileError
 from omni_compile.platform import Platform
 
 AUTO = "auto"
 NATIVE = "native"
+ALL_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 
 
 class KernelUnavailableError(OmniCompileError):
@@ -30,55 +46,182 @@ class KernelUnavailableError(OmniCompileError):
 
 @dataclass(frozen=True)
 class Resolution:
+    """The implementation one call (or, with no call, one platform) of `op` resolved to, and why."""
+
     op: str
-    implementation: str  # "native" or a kernel name such as "triton"
+    implementation: str
     reason: str
+    # (name, why) for every ranked implementation automatic selection passed over
+    skipped: tuple[tuple[str, str], ...] = ()
+    # a choice by measurement: the call's shape and each candidate's median ms (or why it was dropped)
+    measured: tuple[str, dict[str, float | str]] | None = None
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """One platform implementation of a fused op."""
+@dataclass(frozen=True, kw_only=True)
+class Implementation:
+    """One implementation of an op (module docstring)."""
 
-    name: str  # "triton"
-    # Platform kinds it runs on ("cuda", "rocm", "xpu"); "cpu" is added at run time under TRITON_INTERPRET=1.
-    platforms: tuple[str, ...]
+    op: str
+    name: str
+    platforms: tuple[str, ...]  # platform kinds it runs on
+    description: str = ""
+    # platform kind -> rank in automatic selection (higher is tried first); absent: only when asked for by name
+    priority: Mapping[str, int] = field(default_factory=dict)
+    # Platform kinds on which automatic selection may take it once it is ranked there (None: wherever it is
+    # ranked). A kernel joins `auto_on` for a platform once it has been verified end to end there (parity
+    # in the compiled model and a measured gain over Inductor's own code); elsewhere it runs by name only.
+    auto_on: tuple[str, ...] | None = None
+    manual_reason: str = "not yet measured faster than Inductor's code on this platform"
+    lossy: bool = False  # never chosen automatically
+    interpretable: bool = False  # a Triton kernel that runs on CPU under TRITON_INTERPRET=1, when asked for by name
+    min_capability: tuple[int, int] | None = None  # CUDA only
+    # Platform-level requirements besides the kind and capability (a package that imports, cuDNN, Triton).
+    available: Callable[[Platform], str | None] = lambda platform: None
+
+    # ---------------------------------------------------------------- checks
+    def requirements(self, platform: Platform, call: Any) -> str | None:
+        """Why this implementation cannot take `call` (None when it can); per op kind."""
+        return None
+
+    def unavailable(self, platform: Platform, explicit: bool = False) -> str | None:
+        """Why it cannot run on `platform` at all (None when it can). On the CPU a Triton kernel runs only
+        under the interpreter and only when asked for by name: the interpreter is a correctness tool."""
+        kind = platform.kind
+        on_interpreter = kind == "cpu" and self.interpretable and explicit and os.environ.get("TRITON_INTERPRET") == "1"
+        if kind not in self.platforms and not on_interpreter:
+            hint = " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if kind == "cpu" and self.interpretable else ""
+            return f"{self._runs_on()} on {'/'.join(self.platforms)}, not on {kind}{hint}"
+        if not self._capable(platform):
+            need = ".".join(map(str, self.min_capability))
+            have = ".".join(map(str, platform.capability))
+            return f"it needs compute capability {need} or newer; {platform.device_name} has {have}"
+        return self.available(platform)
+
+    def _runs_on(self) -> str:
+        return "it runs"
+
+    def _capable(self, platform: Platform) -> bool:
+        return not (self.min_capability and platform.kind == "cuda" and platform.capability
+                    and platform.capability < self.min_capability)  # fmt: skip
+
+    def not_automatic(self, platform: Platform) -> str | None:
+        """Why automatic selection may not take it on `platform`, though ranked there (None: it may)."""
+        if self.lossy:
+            return "lossy: used only when asked for by name"
+        if self.auto_on is not None and platform.kind not in self.auto_on:
+            return f"opt-in on {platform.kind} ({self.manual_reason}; {self.opt_in_hint()})"
+        return None
+
+    def opt_in_hint(self) -> str:
+        return f"choose {self.name} by name"
+
+    def selected_reason(self, platform: Platform, skipped: list[tuple[str, str]]) -> str:
+        """Why automatic selection took this implementation (the build report's reason)."""
+        return f"first of {platform.arch}'s preference list that runs this call"
+
+    def check(self, platform: Platform, call: Any = None, explicit: bool = False) -> str | None:
+        """None when this implementation can run `call` on `platform`, else the first failed requirement.
+        `call` None checks the platform only; `explicit` is a choice by name (no automatic gate)."""
+        why = self.unavailable(platform, explicit) or (None if explicit else self.not_automatic(platform))
+        if why or call is None:
+            return why
+        return self.requirements(platform, call)
+
+
+# ------------------------------------------------------------------ the registry
+
+IMPLEMENTATIONS: dict[str, dict[str, Implementation]] = {}
+
+
+def register(impl: Implementation) -> Implementation:
+    """Add one implementation of `impl.op` (the one registration line of an implementation's file)."""
+    impls = IMPLEMENTATIONS.setdefault(impl.op, {})
+    assert impl.name not in impls, f"{impl.op} already has an implementation {impl.name!r}"
+    assert impl.name != AUTO, f"implementation name {impl.name!r} is reserved"
+    impls[impl.name] = impl
+    return impl
+
+
+def implementations(op: str) -> dict[str, Implementation]:
+    """Name -> implementation of `op`, in registration order."""
+    return IMPLEMENTATIONS.get(op, {})
+
+
+def ranked(op: str, platform: Platform) -> list[Implementation]:
+    """The implementations automatic selection tries for `op` on `platform`, best first: those ranked on its
+    kind, not lossy, and within the GPU's compute capability."""
+    impls = [i for i in implementations(op).values() if platform.kind in i.priority and not i.lossy and i._capable(platform)]
+    return sorted(impls, key=lambda i: -i.priority[platform.kind])
+
+
+def select(
+    op: str,
+    platform: Platform,
+    call: Any = None,
+    measure: Callable[[list[Implementation]], tuple[str, dict[str, float | str], str | None] | None] | None = None,
+) -> Resolution:
+    """Automatic selection (module docstring). `measure(capable)` -> (shape, times, fastest or None), or None
+    when it cannot time this call; with a winner, the fastest capable implementation is taken."""
+    skipped, capable = [], []
+    for impl in ranked(op, platform):
+        why = impl.check(platform, call)
+        if why is None:
+            capable.append(impl)
+        else:
+            skipped.append((impl.name, why))
+    assert capable, f"no implementation of {op} can run on {platform.kind}: {skipped}"
+    if measure is not None and len(capable) > 1:
+        result = measure(capable)
+        if result is not None and result[2] is not None:
+            shape, times, best = result
+            return Resolution(op, best, "fastest measured", tuple(skipped), (shape, times))
+    first = capable[0]
+    return Resolution(op, first.name, first.selected_reason(platform, skipped), tuple(skipped))
+
+
+def needs_triton(platform: Platform) -> str | None:
+    return None if platform.triton_version else "Triton is not installed (pip install triton)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernel(Implementation):
+    """A platform kernel of a fused op: a Triton kernel behind a `triton_op` with the op's exact schema."""
+
     # The op overload Inductor calls, with the same schema as the fused op (a triton_op for Triton kernels).
-    overload: object
+    overload: object = None
     # supports(**op_args) -> None when the kernel handles these inputs (real or fake tensors), else the reason.
     supports: Callable[..., str | None] = lambda **_: None
-    interpretable: bool = True  # runs on CPU tensors under TRITON_INTERPRET=1
-    # Platform kinds on which automatic selection may pick it. A kernel is auto-selected on a platform
-    # once it has been verified end to end there through the pass lowering (parity in the compiled
-    # model and a measured gain over Inductor's own code); elsewhere it runs only when asked for by name.
-    auto_on: tuple[str, ...] = ()
-    # Why it is not auto-selected where `auto_on` leaves it out (shown in the build report).
-    manual_reason: str = "not yet measured faster than Inductor's code on this platform"
+    interpretable: bool = True
     # The plain launcher behind `overload` (allocates outputs, launches through wrap_triton); the lowering
     # traces it under functionalization so Inductor embeds the Triton kernels. None: call `overload`.
     launcher: Callable | None = None
+    priority: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(ALL_PLATFORMS, 10))
+    auto_on: tuple[str, ...] | None = ()
+    available: Callable[[Platform], str | None] = needs_triton
 
-    def not_automatic(self, op: str, platform: Platform) -> str | None:
-        """Why automatic selection skips this kernel on `platform` (None when it may pick it)."""
-        if platform.kind in self.auto_on:
-            return None
-        return f"opt-in on {platform.kind} ({self.manual_reason}; use kernels {op}={self.name})"
+    def requirements(self, platform: Platform, call: Any) -> str | None:
+        return self.supports(**call)
 
-    def unavailable(self, platform: Platform, explicit: bool = False) -> str | None:
-        """Why this kernel cannot run on `platform` at all (None when it can).
+    def _runs_on(self) -> str:
+        return f"the {self.name} kernel runs"
 
-        On CPU a Triton kernel runs only under the interpreter, and only when asked for by name:
-        the interpreter is a correctness tool, so automatic selection never picks it.
-        """
-        if platform.kind in self.platforms:
-            if platform.triton_version is None:
-                return "Triton is not installed (pip install triton)"
-            return None
-        if platform.kind == "cpu" and self.interpretable and explicit and os.environ.get("TRITON_INTERPRET") == "1":
-            return None
-        hint = (
-            " (or set TRITON_INTERPRET=1 to run it on CPU for testing)" if platform.kind == "cpu" and explicit else ""
-        )
-        return f"the {self.name} kernel runs on {'/'.join(self.platforms)}, not on {platform.kind}{hint}"
+    def opt_in_hint(self) -> str:
+        return f"use kernels {self.op}={self.name}"
+
+    def selected_reason(self, platform: Platform, skipped: list[tuple[str, str]]) -> str:
+        return f"{self.name} kernel for {platform.kind}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Native(Implementation):
+    """A fused op's pure-torch implementation: runs everywhere, ranked last; Inductor compiles it."""
+
+    platforms: tuple[str, ...] = ALL_PLATFORMS
+    priority: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(ALL_PLATFORMS, 0))
+
+    def selected_reason(self, platform: Platform, skipped: list[tuple[str, str]]) -> str:
+        reason = "; ".join(f"{n}: {why}" for n, why in skipped) if skipped else f"no {self.op} kernel is registered"
+        return f"{reason}; Inductor compiles the native implementation"
 
 
 @dataclass
@@ -90,7 +233,11 @@ class FusedOp:
     arg_names: tuple[str, ...]
     # Pure-torch implementation with the op's exact numerics; traceable by make_fx.
     native: Callable
-    kernels: dict[str, Kernel] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> dict[str, Kernel]:
+        """Name -> the platform kernels registered for this op."""
+        return {n: i for n, i in implementations(self.name).items() if isinstance(i, Kernel)}
 
     def resolve(self, platform: Platform, args: dict | None = None, choice: str = AUTO) -> Resolution:
         """The implementation of this op for `platform` and the call's `args` (name -> value/FakeTensor).
@@ -104,41 +251,34 @@ class FusedOp:
             if kernel is None:
                 valid = ", ".join([AUTO, NATIVE, *self.kernels])
                 raise KernelUnavailableError(f"fused op {self.name!r} has no {choice!r} kernel; choose one of: {valid}")
-            why = kernel.unavailable(platform, explicit=True) or (kernel.supports(**args) if args is not None else None)
+            why = kernel.check(platform, args, explicit=True)
             if why:
                 raise KernelUnavailableError(
                     f"the {choice} kernel for {self.name} was requested but cannot be used: {why}. "
                     f"Use kernels {self.name}=auto (falls back to native) or {self.name}=native."
                 )
             return Resolution(self.name, kernel.name, f"{kernel.name} kernel requested")
-        skipped = []
-        for kernel in self.kernels.values():
-            why = (
-                kernel.unavailable(platform)
-                or kernel.not_automatic(self.name, platform)
-                or (kernel.supports(**args) if args is not None else None)
-            )
-            if why is None:
-                return Resolution(self.name, kernel.name, f"{kernel.name} kernel for {platform.kind}")
-            skipped.append(f"{kernel.name}: {why}")
-        reason = "; ".join(skipped) if skipped else f"no {self.name} kernel is registered"
-        return Resolution(self.name, NATIVE, f"{reason}; Inductor compiles the native implementation")
+        return select(self.name, platform, args)
 
 
 FUSED_OPS: dict[str, FusedOp] = {}
 
 
 def register_fused_op(op: FusedOp) -> FusedOp:
+    """Register a fused op and its native implementation."""
     assert op.name not in FUSED_OPS, f"fused op {op.name} registered twice"
     FUSED_OPS[op.name] = op
+    register(Native(op=op.name, name=NATIVE, description="plain torch, compiled and fused by Inductor"))
     return op
 
 
 def register_kernel(op_name: str, kernel: Kernel) -> Kernel:
-    op = FUSED_OPS[op_name]
-    assert kernel.name not in (AUTO, NATIVE), f"kernel name {kernel.name!r} is reserved"
-    assert kernel.name not in op.kernels, f"{op_name} already has a {kernel.name} kernel"
-    op.kernels[kernel.name] = kernel
+    """Register a platform kernel of the fused op `op_name` (`kernel.op` is set to it)."""
+    assert op_name in FUSED_OPS, f"register the fused op {op_name} before its kernels"
+    assert kernel.name != NATIVE, f"kernel name {kernel.name!r} is reserved"
+    if kernel.op != op_name:
+        kernel = dataclasses.replace(kernel, op=op_name)
+    register(kernel)
     return kernel
 
 

@@ -32,7 +32,7 @@ from omni_compile.ops.kernels._common import (
     row_tiling,
     width_reason,
 )
-from omni_compile.ops.registry import Kernel, register_kernel
+from omni_compile.ops.registry import Kernel, register
 
 
 @triton.jit
@@ -169,14 +169,15 @@ def _adaln_impl(
 adaln_triton = torch.library.triton_op("omni_compile::adaln_triton", mutates_args=())(_adaln_impl)
 
 
-KERNEL = register_kernel(
-    "adaln",
+KERNEL = register(
     Kernel(
+        op="adaln",
         name="triton",
         platforms=PLATFORMS,
         overload=torch.ops.omni_compile.adaln_triton.default,
         supports=supports,
         launcher=_adaln_impl,
         auto_on=("cuda",),
-    ),
+        description="Triton kernel, embedded in Inductor's generated code",
+    )
 )

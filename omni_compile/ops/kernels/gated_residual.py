@@ -26,7 +26,7 @@ from omni_compile.ops.kernels._common import (
     launcher,
     next_pow2,
 )
-from omni_compile.ops.registry import Kernel, register_kernel
+from omni_compile.ops.registry import Kernel, register
 
 MAX_BLOCK_D = 2048
 
@@ -140,14 +140,15 @@ gated_residual_triton = torch.library.triton_op("omni_compile::gated_residual_tr
 )
 
 
-KERNEL = register_kernel(
-    "gated_residual",
+KERNEL = register(
     Kernel(
+        op="gated_residual",
         name="triton",
         platforms=PLATFORMS,
         overload=torch.ops.omni_compile.gated_residual_triton.default,
         supports=supports,
         launcher=_gated_residual_impl,
         manual_reason="it ties Inductor's code on the H200 (0.98x W1, 1.00x W2), which also fuses the add into its neighbours",
-    ),
+        description="Triton kernel, embedded in Inductor's generated code",
+    )
 )

@@ -34,7 +34,7 @@ from omni_compile.ops.kernels._common import (
     row_tiling,
     width_reason,
 )
-from omni_compile.ops.registry import Kernel, register_kernel
+from omni_compile.ops.registry import Kernel, register
 from omni_compile.ops.rms_norm import rms_norm_out_dtype
 
 
@@ -146,14 +146,15 @@ def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cas
 rms_norm_triton = torch.library.triton_op("omni_compile::rms_norm_triton", mutates_args=())(_rms_norm_impl)
 
 
-KERNEL = register_kernel(
-    "rms_norm",
+KERNEL = register(
     Kernel(
+        op="rms_norm",
         name="triton",
         platforms=PLATFORMS,
         overload=torch.ops.omni_compile.rms_norm_triton.default,
         supports=supports,
         launcher=_rms_norm_impl,
         auto_on=("cuda",),
-    ),
+        description="Triton kernel, embedded in Inductor's generated code",
+    )
 )

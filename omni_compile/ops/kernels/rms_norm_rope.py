@@ -37,7 +37,7 @@ from omni_compile.ops.kernels._common import (
     round_to,
     width_reason,
 )
-from omni_compile.ops.registry import Kernel, register_kernel
+from omni_compile.ops.registry import Kernel, register
 from omni_compile.ops.rms_norm import rms_norm_out_dtype
 from omni_compile.ops.rms_norm_rope import TABLES
 
@@ -356,14 +356,15 @@ rms_norm_rope_triton = torch.library.triton_op("omni_compile::rms_norm_rope_trit
 )
 
 
-KERNEL = register_kernel(
-    "rms_norm_rope",
+KERNEL = register(
     Kernel(
+        op="rms_norm_rope",
         name="triton",
         platforms=PLATFORMS,
         overload=torch.ops.omni_compile.rms_norm_rope_triton.default,
         supports=supports,
         launcher=_rms_norm_rope_impl,
         auto_on=("cuda",),
-    ),
+        description="Triton kernel, embedded in Inductor's generated code",
+    )
 )
