@@ -34,7 +34,7 @@ from torch.fx.operator_schemas import normalize_function
 from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_flash_modules
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
-from omni_compile.passes.base import OmniPass, _source
+from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source
 from omni_compile.passes.lower_fused_ops import fake_trace, functional_trace, record_resolution, splice_body
 from omni_compile.platform import Platform
 
@@ -155,6 +155,15 @@ class AttentionPass(OmniPass):
         if platform is not None:
             check_explicit_choices(self.config, platform)
         self.resolutions: dict[str, dict] = {}
+
+    @classmethod
+    def from_context(cls, ctx: PassContext) -> AttentionPass:
+        return cls(ctx.options, platform=ctx.platform, config=ctx.attention, role_of=ctx.attention_role)
+
+    def run(self, graph: torch.fx.Graph) -> PassResult:
+        self.resolutions = {}  # this graph's calls only
+        rewrites = self.apply(graph)
+        return PassResult(rewrites, {"attention": {k: dict(v) for k, v in self.resolutions.items()}})
 
     def apply(self, graph: torch.fx.Graph) -> int:
         assert self.platform is not None, "AttentionPass needs its platform before it runs"

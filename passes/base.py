@@ -1,9 +1,15 @@
-"""Base classes of every omni-compile pass.
+"""Base classes of every omni-compile pass, and the protocol between a pass and the pass manager.
 
 `OmniPass` implements Inductor's `CustomGraphPass`: `__call__(graph)` rewrites a post-grad ATen graph
 in place and returns how many rewrites it made, and `uuid()` hashes the pass's own source, the
 source of every pattern it registered and its options, so Inductor's caches key on exactly what
 the pass does.
+
+The manager makes each pass from a `PassContext` (`OmniPass.from_context`: the platform, the compile
+config, the pass's options, the implementation choices and the adapter's attention roles) and runs it
+through `OmniPass.run(graph) -> PassResult` (the rewrite count, and the implementation choices the pass
+made, for the build report). A pass reads what it needs from the context and reports through the
+result; the manager knows no pass by name.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import hashlib
 import inspect
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -40,8 +47,33 @@ def _trace_like_post_grad(fn, args, **kwargs):
     return gm
 
 
+@dataclass(frozen=True)
+class PassContext:
+    """What a pass may read when the manager makes it: nothing model-family specific besides the adapter's
+    mapping of attention modules to roles."""
+
+    platform: Platform
+    config: CompileConfig
+    options: dict[str, Any] = field(default_factory=dict)  # this pass's options (config.pass_options[name])
+    kernel_choices: dict[str, str] = field(default_factory=dict)  # fused op -> auto | native | kernel name
+    attention: Any = None  # attention.config.AttentionConfig (with the environment applied)
+    attention_role: Callable[[str], str] | None = None  # attention module path -> role (the adapter's)
+
+
+@dataclass
+class PassResult:
+    """What one run of a pass did to one graph."""
+
+    rewrites: int
+    # Implementation choices made in this graph, for the build report: report table ("fused_ops" or
+    # "attention") -> key (op or role) -> {"implementation", "reason", "count", ...}.
+    implementations: dict[str, dict[str, dict]] = field(default_factory=dict)
+
+
 class OmniPass(CustomGraphPass):
-    """One graph rewrite. Subclasses set `name`, `OPTIONS` (option -> default) and implement `apply`."""
+    """One graph rewrite. Subclasses set `name`, `OPTIONS` (option -> default) and implement `apply`;
+    a pass that needs more than its options overrides `from_context`, one that reports implementation
+    choices overrides `run`."""
 
     name: ClassVar[str]
     enabled_by_default: ClassVar[bool] = True
@@ -57,8 +89,21 @@ class OmniPass(CustomGraphPass):
         self.options = {**self.OPTIONS, **options}
         self._extra_sources: list[str] = []
 
+    @classmethod
+    def from_context(cls, ctx: PassContext) -> OmniPass:
+        """The pass for this build. Pattern passes are shared per options (`shared_pass`): tracing their
+        patterns costs time."""
+        return shared_pass(cls, json.dumps(ctx.options, sort_keys=True))
+
     def is_applicable(self, platform: Platform, config: CompileConfig) -> bool:
         return True
+
+    def prepare(self) -> None:
+        """Slow set-up to do before Inductor compiles (tracing patterns); the manager calls it once."""
+
+    def run(self, graph: torch.fx.Graph) -> PassResult:
+        """Rewrite `graph` in place (the manager's entry point)."""
+        return PassResult(int(self.apply(graph) or 0))
 
     def apply(self, graph: torch.fx.Graph) -> int:
         raise NotImplementedError
@@ -152,6 +197,9 @@ class PatternPass(OmniPass):
             for register in pending:
                 register()
         dynamo_counters["inductor"] = before  # tracing patterns is not matching them
+
+    def prepare(self) -> None:
+        self.materialize()
 
     def apply(self, graph: torch.fx.Graph) -> int:
         self.materialize()

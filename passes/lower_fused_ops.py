@@ -24,7 +24,7 @@ import hashlib
 import logging
 
 import torch
-from omni_compile.passes.base import OmniPass
+from omni_compile.passes.base import OmniPass, PassContext, PassResult
 
 from omni_compile.ops import FUSED_OPS, NATIVE, FusedOp, Kernel
 from omni_compile.platform import Platform
@@ -153,6 +153,15 @@ class LowerFusedOpsPass(OmniPass):
                 if choice not in ("auto", NATIVE):
                     FUSED_OPS[name].resolve(platform, None, choice)
         self.resolutions: dict[str, dict] = {}
+
+    @classmethod
+    def from_context(cls, ctx: PassContext) -> LowerFusedOpsPass:
+        return cls(ctx.options, platform=ctx.platform, choices=ctx.kernel_choices)
+
+    def run(self, graph: torch.fx.Graph) -> PassResult:
+        self.resolutions = {}  # this graph's calls only
+        rewrites = self.apply(graph)
+        return PassResult(rewrites, {"fused_ops": {k: dict(v) for k, v in self.resolutions.items()}})
 
     def apply(self, graph: torch.fx.Graph) -> int:
         assert self.platform is not None, "LowerFusedOpsPass needs its platform before it runs"

@@ -25,7 +25,7 @@ from omni_compile.attention.config import AttentionConfig
 from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
-from omni_compile.passes.base import OmniPass, PatternPass, shared_pass
+from omni_compile.passes.base import OmniPass, PassContext
 from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
 from omni_compile.passes.attention import AttentionPass
@@ -89,6 +89,10 @@ class PassLog:
     resolutions: dict[str, dict] = field(default_factory=dict)  # fused op -> implementation, reason, count
     attention: dict[str, dict] = field(default_factory=dict)  # role -> backend, reason, count
 
+    def table(self, name: str) -> dict[str, dict]:
+        """The report table a `PassResult` names: "fused_ops" or "attention"."""
+        return {"fused_ops": self.resolutions, "attention": self.attention}[name]
+
     @property
     def ran(self) -> bool:
         return bool(self.runs)
@@ -138,16 +142,11 @@ class PassManager(CustomGraphPass):
         self.attention_config = AttentionConfig.from_json(config.attention).with_env()
         self._uuid: str | None = None
         self.passes: list[OmniPass] = []
+        choices = parse_kernel_choices(config.kernels, envs.kernels_override())
         for name in self.enabled:
-            cls = PASSES[name]
-            options = config.pass_options.get(name, {})
-            if cls is LowerFusedOpsPass:
-                choices = parse_kernel_choices(config.kernels, envs.kernels_override())
-                p = LowerFusedOpsPass(options, platform=platform, choices=choices)
-            elif cls is AttentionPass:
-                p = AttentionPass(options, platform=platform, config=self.attention_config, role_of=attention_role)
-            else:
-                p = shared_pass(cls, json.dumps(options, sort_keys=True))
+            ctx = PassContext(platform, config, config.pass_options.get(name, {}), choices, self.attention_config,
+                              attention_role)  # fmt: skip
+            p = PASSES[name].from_context(ctx)
             if p.is_applicable(platform, config):
                 self.passes.append(p)
         # What runs here: the switched-on passes that apply to this platform (gemm_gelu, cat_gemm: GPUs).
@@ -157,9 +156,7 @@ class PassManager(CustomGraphPass):
         """Trace the pattern passes' patterns now, outside any compile (they are deferred so that a
         build that compiles nothing never traces them); call before handing the manager to Inductor."""
         for p in self.passes:
-            for q in (p, getattr(p, "_norms", None)):
-                if isinstance(q, PatternPass):
-                    q.materialize()
+            p.prepare()
 
     @contextlib.contextmanager
     def recording(self, log: PassLog):
@@ -177,18 +174,14 @@ class PassManager(CustomGraphPass):
         for i, p in enumerate(self.passes):
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.before.py", graph)
-            if isinstance(p, (LowerFusedOpsPass, AttentionPass)):
-                p.resolutions = {}  # record only this graph's calls
             t0 = time.perf_counter()
-            matches = int(p(graph) or 0)
+            result = p.run(graph)
             graph.eliminate_dead_code()
             seconds = time.perf_counter() - t0
-            log.runs.append(PassRun(p.name, matches, seconds))
-            counters.pass_matches[p.name] += matches
-            if isinstance(p, LowerFusedOpsPass):
-                log.resolutions.update({k: dict(v) for k, v in p.resolutions.items()})
-            elif isinstance(p, AttentionPass):
-                log.attention.update({k: dict(v) for k, v in p.resolutions.items()})
+            log.runs.append(PassRun(p.name, result.rewrites, seconds))
+            counters.pass_matches[p.name] += result.rewrites
+            for table, entries in result.implementations.items():
+                log.table(table).update(entries)
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.after.py", graph)
         graph.lint()

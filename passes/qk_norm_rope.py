@@ -109,6 +109,10 @@ class QKNormRopePass(PatternPass):
     # (docs/passes.md).
     enabled_by_default = True
 
+    def prepare(self) -> None:
+        super().prepare()
+        self._norms.prepare()  # the RMSNorm patterns it runs on its trial graphs
+
     def register_patterns(self) -> None:
         self._norms = shared_pass(RMSNormPass, "{}")  # the instance the manager uses: patterns traced once
         self._extra_sources.append(self._norms.uuid())
