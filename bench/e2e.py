@@ -37,13 +37,30 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+# W5: real-size transformers of families omni-compile has no adapter for (generic adapter, module:Class with the
+# published config, random weights); their example inputs come from the functions the tests use for the tiny ones.
+LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
+              attention_head_dim=64, cross_attention_dim=2048, num_layers=28, caption_channels=4096,
+              qk_norm="rms_norm_across_heads", norm_eps=1e-6)  # LTX-Video 0.9 (2B)  # fmt: skip
+QWEN_IMAGE_20B = dict(in_channels=64, out_channels=16, patch_size=2, num_layers=60, attention_head_dim=128,
+                      num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))  # Qwen-Image  # fmt: skip
 WORKLOADS = {
-    # id: (preset, shape, dtype, device)
+    # id: (preset or module:Class, shape, dtype, device[, {"config", "inputs", "text_len"}])
     "W1": ("flux-dev", "1024x1024", "bf16", "cuda"),
     "W2": ("wan-1.3b", "480x832x81", "bf16", "cuda"),
     "W3": ("flux-dev", "512x512", "bf16", "cuda"),
     "W4-flux": ("flux-tiny", "128x128", "fp32", "cpu"),
     "W4-wan": ("wan-tiny", "64x96x9", "fp32", "cpu"),
+    # LTX-Video 768x512, 121 frames: 16 x 16 x 24 = 6,144 video tokens, 128 text tokens
+    "W5-ltx": ("diffusers:LTXVideoTransformer3DModel", "512x768x121", "bf16", "cuda",
+               {"config": LTX_2B, "inputs": "generic_model:ltx_inputs", "text_len": 128}),
+    # Qwen-Image 1024x1024: 4,096 image tokens, 256 text tokens
+    "W5-qwen": ("diffusers:QwenImageTransformer2DModel", "1024x1024", "bf16", "cuda",
+                {"config": QWEN_IMAGE_20B, "inputs": "generic_model:qwen_inputs", "text_len": 256}),
+    # the tiny configs of the same classes, to try the workloads on a CPU
+    "W5-ltx-tiny": ("diffusers:LTXVideoTransformer3DModel", "64x64x9", "fp32", "cpu",
+                    {"config": {}, "inputs": "generic_model:ltx_inputs", "tiny": "ltx-video"}),
 }
 MODES = ("eager", "stock", "stock-fa3", "omni", "omni/cg")
 
@@ -105,15 +122,25 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
     from omni_compile.inspect.profile import profile_step
     from omni_compile.models import resolve_model
 
-    preset, shape, dtype_s, device = WORKLOADS[workload]
+    preset, shape, dtype_s, device, *extra = WORKLOADS[workload]
+    extra = extra[0] if extra else {}
     if device == "cuda" and not torch.cuda.is_available():
         return {"workload": workload, "mode": mode, "skipped": "no CUDA device"}
     dtype = parse_dtype(dtype_s)
-    spec = resolve_model(preset)
+    config = extra.get("config")
+    if extra.get("tiny"):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from generic_model import GENERIC_MODELS
+
+        config = GENERIC_MODELS[extra["tiny"]][1]
+    if extra.get("inputs"):
+        sys.path.insert(0, str(ROOT / "tests"))  # the example-input functions of the generic models
+    spec = resolve_model(preset, example_inputs=extra.get("inputs"), model_config=config)
     bucket = ShapeBucket.parse(shape)
     t0 = time.perf_counter()
     model = spec.load(dtype=dtype, device=device, seed=seed)
-    inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device, text_len=spec.text_len, seed=seed)
+    text_len = extra.get("text_len", spec.text_len)
+    inputs = spec.adapter.example_inputs(model, bucket, dtype=dtype, device=device, text_len=text_len, seed=seed)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
     init_s = time.perf_counter() - t0
