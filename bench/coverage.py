@@ -13,9 +13,9 @@ compile (`omni_compile.compile`, Dynamo + Inductor + our passes) of its regions 
   found and resolved (on the CPU it leaves them to torch: TORCH_SDPA); the GPU-only passes (`gemm_gelu`,
   `cat_gemm`) are run too, with their device check lifted, so the table shows where they match (their
   values are then those of the CPU op: `gemm_gelu`'s GELU is the erf form there);
-- what occurs in the model, counted from its modules per compiled region (`census`): RMSNorms, norms without
-  affine parameters (LayerNorm or RMSNorm: what an AdaLN modulates), attention modules, tanh-GELUs. A pass whose pattern occurs and that
-  matched less is a gap; `NOTES` says why where that is known;
+- what occurs in the model per compiled region (`census`): RMSNorm modules, modulations (a norm's output times
+  `1 + scale`, counted during the eager forward: `modulated_norms`), attention modules, tanh-GELUs. A pass
+  whose pattern occurs and that matched less is a gap; `NOTES` says why where that is known;
 - parity: relative L2 of the compiled output against eager on the same weights and inputs;
 - compiles: region compiles, which must be one per region and call shape (regions x buckets, unless a
   region's instances run at several shapes in one bucket); more is a recompile (a layout or guard).
@@ -38,9 +38,6 @@ PASSES = ("complex_mul", "rms_norm", "qk_norm_rope", "adaln", "gated_residual", 
 # Why a pass matches less than its pattern occurs, or nothing where a reader would expect it to.
 NOTES: dict[tuple[str, str], str] = {
     ("sana", "attention"): "attn1 is linear attention (no softmax, no SDPA call)",
-    ("cogvideox", "adaln"): "its norms have an affine (LayerNorm with weight and bias, then the modulation): not "
-                            "the op's contract",
-    ("lumina2", "adaln"): "RMSNorm with a weight, then `* (1 + scale)`: not the op's contract",
     ("stable-audio", "adaln"): "no modulation (the conditioning is prepended to the sequence)",
 }
 # QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables and Wan's per-pair tables. In the
@@ -80,10 +77,60 @@ KINDS = {
 }
 
 
-def census(module) -> dict[str, int]:
-    """What one block holds that a pass is about: RMSNorms, the norms an AdaLN modulates (LayerNorm or RMSNorm
-    without affine parameters, outside the attention modules, whose norms are QK-norms), attention modules,
-    tanh-GELUs."""
+@contextlib.contextmanager
+def modulated_norms(model):
+    """Count, during one eager forward, how often each norm module's output is multiplied by `1 + scale` (a
+    modulation: not a gate's `gate * norm(x)`, nor a norm that feeds a linear or attention): module ->
+    modulations. A module may modulate twice per call (CogVideoX's norm1 normalises the video and the text
+    stream). `1 + scale` is followed through indexing, unsqueeze and views (`(1 + scale)[:, None]`)."""
+    import torch
+    from diffusers.models.normalization import RMSNorm
+    from torch.overrides import TorchFunctionMode
+
+    outputs: dict[int, tuple] = {}  # id(output) -> (module, output): the output is kept so its id stays unique
+    counts: dict = {}
+
+    def hook(mod, args, out):
+        if isinstance(out, torch.Tensor):
+            outputs[id(out)] = (mod, out)
+
+    muls = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__}
+    adds = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
+    views = {torch.Tensor.__getitem__, torch.Tensor.unsqueeze, torch.unsqueeze, torch.Tensor.view,
+             torch.Tensor.reshape, torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as}  # fmt: skip
+    one_plus: dict[int, object] = {}  # id -> tensor: `1 + x` and views of it
+
+    def is_one_plus(t) -> bool:
+        return one_plus.get(id(t)) is t
+
+    class Muls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in muls and len(args) >= 2:
+                for a, other in ((args[0], args[1]), (args[1], args[0])):
+                    hit = outputs.get(id(a))
+                    if hit is not None and hit[1] is a and is_one_plus(other):
+                        counts[hit[0]] = counts.get(hit[0], 0) + 1
+            elif func in adds and len(args) >= 2 and any(isinstance(a, (int, float)) and a == 1 for a in args[:2]):
+                one_plus[id(out)] = out
+            elif func in views and args and is_one_plus(args[0]):
+                one_plus[id(out)] = out
+            return out
+
+    hooks = [m.register_forward_hook(hook) for m in model.modules()
+             if isinstance(m, (RMSNorm, torch.nn.RMSNorm, torch.nn.LayerNorm))]  # fmt: skip
+    try:
+        with Muls():
+            yield counts
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def census(module, modulations: dict) -> dict[str, int]:
+    """What one block holds that a pass is about: RMSNorms, the modulations of a norm's output (counted during
+    the eager forward, `modulated_norms`; norms inside attention modules are QK-norms, not counted), attention
+    modules, tanh-GELUs."""
     import torch
     from diffusers.models.attention import AttentionModuleMixin
     from diffusers.models.attention_processor import Attention
@@ -96,9 +143,8 @@ def census(module) -> dict[str, int]:
         in_attention = any(path.startswith(a + ".") for a in attention)  # a QK-norm is not an AdaLN's norm
         if isinstance(m, (RMSNorm, torch.nn.RMSNorm)):
             counts["rms_norm"] += 1
-            counts["adaln"] += getattr(m, "weight", None) is None and not in_attention
-        elif isinstance(m, torch.nn.LayerNorm) and not m.elementwise_affine and not in_attention:
-            counts["adaln"] += 1
+        if isinstance(m, (RMSNorm, torch.nn.RMSNorm, torch.nn.LayerNorm)) and not in_attention:
+            counts["adaln"] += modulations.get(m, 0)
         if (isinstance(m, torch.nn.GELU) and m.approximate == "tanh") or (
             type(m).__name__ == "GELU" and getattr(m, "approximate", None) == "tanh"
         ):
@@ -155,7 +201,7 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
     bucket = ShapeBucket.parse(shape)
     inputs = spec.adapter.example_inputs(model, bucket, dtype=torch.float32, device="cpu", text_len=spec.text_len,
                                          seed=1)  # fmt: skip
-    with torch.no_grad():
+    with torch.no_grad(), modulated_norms(model) as modulations:
         ref_out = model(**inputs)[0]
     lifted = (gemm_gelu._gelu_is_tanh_on, gemm_gelu.GemmGeluPass.is_applicable, cat_gemm.CatGemmPass.is_applicable)
     gemm_gelu._gelu_is_tanh_on = lambda device: True
@@ -179,7 +225,7 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
         calls += sum(r["count"] for r in rec.attention.values())
     matches["attention"] = calls  # calls found and resolved (on the CPU: left to torch's SDPA)
     occurs = {k: 0 for k in ("rms_norm", "adaln", "attention", "gemm_gelu")}
-    per_region = {region.name: census(region.instances[0][1]) for region in state.regions}
+    per_region = {region.name: census(region.instances[0][1], modulations) for region in state.regions}
     for rec in state.records:  # what each compiled graph holds
         for k, v in per_region[rec.region].items():
             occurs[k] += v

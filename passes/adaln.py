@@ -12,13 +12,20 @@ Matches, on the post-grad graph, the modulations DiTs write after a norm without
     fp32 LayerNorm of an upcast (Wan's norm1, norm3):
         (FP32LayerNorm(x.float()) * (1 + scale) + shift).type_as(x)
                                                -> adaln(x, scale, shift, eps, "layer", round_norm=False)
+    a norm with its own affine parameters, then the modulation:
+        LayerNorm(x; weight, bias) * (1 + scale)[:, None] + shift[:, None]     (CogVideoX), or per token
+                                               -> adaln(..., "layer", True, weight, bias)
+        RMSNorm(x; weight) * (1 + scale[:, None]) [+ shift]     (Lumina2; diffusers' RMSNorm, whose weight
+                                               rounds as `cast_before_weight`)
+                                               -> adaln(..., "rms", True, weight, None, True)
 
 for fp32/bf16/fp16 activations, scale/shift in the activation dtype (fp32 for the Wan form), however the
 conditioning was split (chunk, unbind, slicing: the pattern starts at the tensors), per-sample [B, 1, D]
 or per-token [B, S, D], and any eps. `extra_check` guards that the statistics reduce the last dimension
 only with a biased variance, that x is [B, S, D], that scale and shift broadcast along it without
 changing its shape, that the result has x's dtype (a modulation in another dtype would promote it) and
-that an RMSNorm has no weight. The norm is rounded to x's dtype before modulating where the unfused
+that a norm's weight and bias are [D] (an RMSNorm weight only in the cast-before-weight convention, or
+in fp32). The norm is rounded to x's dtype before modulating where the unfused
 graph stores it in that dtype (`round_norm`); the modulation is computed in fp32 and rounded once, as
 Inductor computes the unfused chain.
 """
@@ -89,7 +96,84 @@ def fused_adaln(x, scale, shift, eps):
     return torch.ops.omni_compile.adaln(x, scale, shift, eps, "layer", False)
 
 
-def _check(traced_x: torch.dtype | None, mod_fp32: bool, names: tuple[str, ...] = ("scale", "shift"), rank: int = 3):
+def layer_affine_adaln(x, weight, bias, scale, shift, eps):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps) * (1 + scale) + shift
+
+
+def layer_affine_adaln_2d(x, weight, bias, scale, shift, eps):
+    # CogVideoX: `norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]`
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps) * (1 + scale).unsqueeze(1) + shift.unsqueeze(1)
+
+
+def fused_layer_affine(x, weight, bias, scale, shift, eps):
+    return torch.ops.omni_compile.adaln(x, scale, shift, eps, "layer", True, weight, bias, False)
+
+
+def fused_layer_affine_2d(x, weight, bias, scale, shift, eps):
+    return torch.ops.omni_compile.adaln(x, scale.unsqueeze(1), shift.unsqueeze(1), eps, "layer", True, weight, bias,
+                                        False)  # fmt: skip
+
+
+def rms_weight_adaln(x, weight, scale, shift, eps):
+    return torch.ops.omni_compile.rms_norm(x, weight, eps, True) * (1 + scale) + shift
+
+
+def rms_weight_scale_only(x, weight, scale, eps):
+    return torch.ops.omni_compile.rms_norm(x, weight, eps, True) * (1 + scale)
+
+
+def rms_weight_scale_only_2d(x, weight, scale, eps):
+    # Lumina2: `norm(x) * (1 + scale[:, None])` (the unsqueeze before the `1 +`)
+    return torch.ops.omni_compile.rms_norm(x, weight, eps, True) * (1 + scale.unsqueeze(1))
+
+
+def rms_then_weight_adaln(x, weight, scale, shift, eps):
+    # diffusers' RMSNorm in fp32 leaves its weight outside the norm op (`rms_norm(x) * weight`)
+    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * weight * (1 + scale) + shift
+
+
+def rms_then_weight_scale_only(x, weight, scale, eps):
+    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * weight * (1 + scale)
+
+
+def rms_then_weight_scale_only_2d(x, weight, scale, eps):
+    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * weight * (1 + scale.unsqueeze(1))
+
+
+def fused_rms_weight_adaln(x, weight, scale, shift, eps):
+    return torch.ops.omni_compile.adaln(x, scale, shift, eps, "rms", True, weight, None, True)
+
+
+def fused_rms_weight_scale_only(x, weight, scale, eps):
+    return torch.ops.omni_compile.adaln(x, scale, None, eps, "rms", True, weight, None, True)
+
+
+def fused_rms_weight_scale_only_2d(x, weight, scale, eps):
+    return torch.ops.omni_compile.adaln(x, scale.unsqueeze(1), None, eps, "rms", True, weight, None, True)
+
+
+def _affine_ok(match: Match, x: torch.Tensor) -> bool:
+    """The norm's own weight/bias are [D] of a float dtype; an RMSNorm weight rounds before multiplying
+    (`cast_before_weight`, diffusers' convention: what the fused replacement computes) unless all is fp32."""
+    for name in ("weight", "bias"):
+        t = match.kwargs.get(name)
+        if t is None:
+            continue
+        if not isinstance(t, torch.fx.Node):
+            return False
+        v = t.meta["val"]
+        if v.dim() != 1 or v.shape[0] != x.shape[-1] or v.dtype not in DTYPES:
+            return False
+    for node in match.nodes:
+        if node.target == torch.ops.omni_compile.rms_norm.default and node.args[1] is not None:
+            w = node.args[1].meta["val"]
+            if not node.args[3] and not (w.dtype == x.dtype == torch.float32):
+                return False
+    return True
+
+
+def _check(traced_x: torch.dtype | None, mod_fp32: bool, names: tuple[str, ...] = ("scale", "shift"), rank: int = 3,
+           affine: bool = False, fp32_only: bool = False):  # fmt: skip
     # Dtype literals are ignored when patterns are compared, so the bf16 and fp16 chains of a form are
     # one registration: the check accepts every activation dtype of the same structure (fp32 chains
     # have no casts) with scale/shift in the activation dtype (FLUX form) or fp32 (Wan form).
@@ -116,9 +200,13 @@ def _check(traced_x: torch.dtype | None, mod_fp32: bool, names: tuple[str, ...] 
                 return False
             if t.shape[0] not in (1, b) or t.shape[1] not in (1, s):
                 return False
+        if affine and not _affine_ok(match, x):
+            return False
+        if fp32_only and x_dtype != torch.float32:
+            return False  # in half precision the chain rounds the norm before the weight: not this replacement
         for node in match.nodes:
-            if node.target == torch.ops.omni_compile.rms_norm.default and node.args[1] is not None:
-                return False  # an RMSNorm with a weight: not a plain norm before the modulation
+            if not affine and node.target == torch.ops.omni_compile.rms_norm.default and node.args[1] is not None:
+                return False  # an RMSNorm with a weight: the affine forms take it
             if node.target == aten.var_mean.correction:
                 dims = [dim % 3 for dim in node.args[1]]
                 if dims != [2] or node.kwargs.get("correction", 1) != 0 or not node.kwargs.get("keepdim", False):
@@ -129,7 +217,7 @@ def _check(traced_x: torch.dtype | None, mod_fp32: bool, names: tuple[str, ...] 
 
 
 class AdaLNPass(PatternPass):
-    """Rewrites a norm without affine parameters followed by `* (1 + scale) [+ shift]` into `omni_compile::adaln`."""
+    """Rewrites a norm (with or without its own affine) followed by `* (1 + scale) [+ shift]` into `omni_compile::adaln`."""
 
     name = "adaln"
 
@@ -146,8 +234,29 @@ class AdaLNPass(PatternPass):
             self.register(flux_adaln_2d, fused_adaln_2d, [x, mod2, mod2.clone(), 1e-6], check, eps)
             if x_dtype != torch.float32:
                 self.register(wan_adaln, fused_adaln, [x, mod32, mod32.clone(), 1e-6], _check(x_dtype, True), eps)
+            # a LayerNorm with weight and bias, then the modulation (CogVideoX)
+            w, b = torch.empty(8, dtype=x_dtype), torch.empty(8, dtype=x_dtype)
+            check = _check(x_dtype, False, affine=True)
+            self.register(layer_affine_adaln, fused_layer_affine, [x, w, b, mod, mod.clone(), 1e-6], check, eps)
+            check = _check(x_dtype, False, rank=2, affine=True)
+            self.register(layer_affine_adaln_2d, fused_layer_affine_2d, [x, w, b, mod2, mod2.clone(), 1e-6], check, eps)
         # RMSNorm forms (LTX-Video's norm1/norm2, Mochi's, ...): the rms_norm pass has made the norm an op, so
         # the chain has no casts and one registration serves every dtype.
         x, mod = torch.empty(2, 4, 8), torch.empty(2, 1, 8)
         self.register(rms_adaln, fused_rms_adaln, [x, mod, mod.clone(), 1e-6], _check(None, False), eps)
         self.register(rms_scale_only, fused_rms_scale_only, [x, mod, 1e-6], _check(None, False, SCALE), eps)
+        # an RMSNorm with a weight, then the modulation (Lumina2)
+        w, mod2 = torch.empty(8), torch.empty(2, 8)
+        check = _check(None, False, affine=True)
+        self.register(rms_weight_adaln, fused_rms_weight_adaln, [x, w, mod, mod.clone(), 1e-6], check, eps)
+        check = _check(None, False, SCALE, affine=True)
+        self.register(rms_weight_scale_only, fused_rms_weight_scale_only, [x, w, mod, 1e-6], check, eps)
+        check = _check(None, False, SCALE, rank=2, affine=True)
+        self.register(rms_weight_scale_only_2d, fused_rms_weight_scale_only_2d, [x, w, mod2, 1e-6], check, eps)
+        # the same in fp32, where diffusers' RMSNorm multiplies its weight after the norm op (all fp32: exact)
+        check = _check(None, False, affine=True, fp32_only=True)
+        self.register(rms_then_weight_adaln, fused_rms_weight_adaln, [x, w, mod, mod.clone(), 1e-6], check, eps)
+        check = _check(None, False, SCALE, affine=True, fp32_only=True)
+        self.register(rms_then_weight_scale_only, fused_rms_weight_scale_only, [x, w, mod, 1e-6], check, eps)
+        check = _check(None, False, SCALE, rank=2, affine=True, fp32_only=True)
+        self.register(rms_then_weight_scale_only_2d, fused_rms_weight_scale_only_2d, [x, w, mod2, 1e-6], check, eps)

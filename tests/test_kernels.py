@@ -176,6 +176,40 @@ def test_adaln_strided_x_and_tiny_hidden():
     check(adaln_k._launch, adaln_native, args, _adaln_mag(x, scale, shift, EPS, "layer"))
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("round_norm", [True, False], ids=["round", "fp32norm"])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
+def test_adaln_with_the_norms_affine(dtype, norm, round_norm, bias):
+    """A norm with its own weight (and bias) before the modulation (CogVideoX's LayerNorm, Lumina2's RMSNorm):
+    `norm(x) * weight + bias`, then `* (1 + scale) + shift`, against float64."""
+    g = _gen(5)
+    B, S, D = 2, 5, 48
+    x = randn(B, S, D, dtype=dtype, g=g, scale=2, offset=0.5)
+    w = randn(D, dtype=dtype, g=g, scale=0.5, offset=1.0)
+    b = randn(D, dtype=dtype, g=g, scale=0.5) if bias else None
+    scale = _modulation("sample", B, S, D, dtype, g, 1)
+    shift = _modulation("sample", B, S, D, dtype, g, 0)
+    args = (x, scale, shift, EPS, norm, round_norm, w, b)
+    assert adaln_k.supports(*args) is None
+
+    def launch(x, scale, shift, eps, norm, round_norm, w, b, out):
+        return adaln_k._launch(x, scale, shift, eps, norm, round_norm, out, weight=w, bias=b)
+
+    mag = _adaln_mag(x, None, None, EPS, norm) * w.double().abs() + (b.double().abs() if b is not None else 0)
+    mag = mag * (1 + scale.double()).abs() + shift.double().abs()
+    out = check(launch, adaln_native, args, mag, eager=ops.adaln_triton)
+    # without the affine the result differs: the weight and bias are applied
+    assert not torch.equal(out, adaln_native(x, scale, shift, EPS, norm, round_norm))
+
+
+def test_adaln_kernel_leaves_a_cast_before_weight_rms_norm_to_native():
+    x, w = _fake(2, 4, 64), _fake(64)
+    assert adaln_k.supports(x, None, None, EPS, "rms", True, w, None, False) is None
+    assert "cast-before-weight" in adaln_k.supports(x, None, None, EPS, "rms", True, w, None, True)
+    assert "[D]" in adaln_k.supports(x, None, None, EPS, "layer", True, _fake(32), None, False)
+
+
 # ------------------------------------------------------------------ gated_residual
 
 

@@ -6,8 +6,9 @@ are read at that token with their own strides (stride 0 on a size-1 dim, so a pe
 view of a larger chunked tensor is read in place, once per row, from cache).
 
 Rounding (see `omni_compile.ops.adaln`): fp32 statistics (layer: two-pass mean and biased variance
-over the registers; rms: mean of squares); with `round_norm` the normalised value is rounded to
-x.dtype; `(1 + scale)`, the product and `+ shift` in fp32; one final rounding to x.dtype.
+over the registers; rms: mean of squares); the norm's affine (weight, bias) in fp32; with `round_norm`
+the result is rounded to x.dtype; `(1 + scale)`, the product and `+ shift` in fp32; one final rounding
+to x.dtype. An RMSNorm weight in diffusers' cast-before-weight convention is left to the native code.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def _adaln_kernel(
     x_ptr,
     scale_ptr,
     shift_ptr,
+    w_ptr,
+    bias_ptr,
     out_ptr,
     n_rows,
     S,
@@ -56,6 +59,8 @@ def _adaln_kernel(
     SSHD: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_SHIFT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     LAYER: tl.constexpr,
     ROUND_NORM: tl.constexpr,
     ROWS: tl.constexpr,
@@ -76,6 +81,10 @@ def _adaln_kernel(
         y = xc * tl.rsqrt(tl.sum(xc * xc, axis=1) / D + eps)[:, None]
     else:
         y = x * tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
     if ROUND_NORM:
         y = round_to(y, x_ptr.dtype.element_ty, EMULATE_RTNE)
     if HAS_SCALE:
@@ -88,16 +97,25 @@ def _adaln_kernel(
     tl.store(out_ptr + out_off, cast_to(y, out_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)
 
 
-def supports(x, scale, shift, eps, norm, round_norm) -> str | None:
+def supports(x, scale, shift, eps, norm, round_norm, weight=None, bias=None, cast_before_weight=False) -> str | None:
     """None when the kernel handles these inputs (real or fake tensors), else the reason it does not."""
     if norm not in NORMS:
         return f"norm {norm!r} is not one of {NORMS}"
+    if norm == "rms" and weight is not None and cast_before_weight:
+        return "an RMSNorm weight in the cast-before-weight convention (the kernel applies weights in fp32)"
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dim() != 1 or t.shape[0] != x.shape[-1] or t.stride(0) != 1):
+            return f"the norm {name} has shape {tuple(t.shape)}; the kernel takes a contiguous [D]"
     reason = first(
         dtype_reason("x", x),
         dtype_reason("scale", scale),
         dtype_reason("shift", shift),
+        dtype_reason("weight", weight),
+        dtype_reason("bias", bias),
         device_reason("scale", scale, x),
         device_reason("shift", shift, x),
+        device_reason("weight", weight, x),
+        device_reason("bias", bias, x),
     )
     if reason:
         return reason
@@ -110,7 +128,7 @@ def supports(x, scale, shift, eps, norm, round_norm) -> str | None:
     )
 
 
-def _launch(x, scale, shift, eps, norm, round_norm, out, config=None):
+def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=None, bias=None):
     """Launch the kernel writing `out` (contiguous [B, S, D] of x.dtype). `config` overrides ROWS / num_warps."""
     B, S, D = x.shape
     block_d = next_pow2(D)
@@ -123,6 +141,8 @@ def _launch(x, scale, shift, eps, norm, round_norm, out, config=None):
         x,
         sc,
         sh,
+        x if weight is None else weight,
+        x if bias is None else bias,
         out,
         B * S,
         S,
@@ -139,6 +159,8 @@ def _launch(x, scale, shift, eps, norm, round_norm, out, config=None):
         SSHD=sh.stride(2),
         HAS_SCALE=scale is not None,
         HAS_SHIFT=shift is not None,
+        HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None,
         LAYER=norm == "layer",
         ROUND_NORM=bool(round_norm),
         ROWS=rows,
@@ -156,12 +178,15 @@ def _adaln_impl(
     eps: float,
     norm: str,
     round_norm: bool,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    cast_before_weight: bool = False,
 ) -> torch.Tensor:
-    """`omni_compile::adaln` as one Triton kernel."""
+    """`omni_compile::adaln` as one Triton kernel (a cast-before-weight RMSNorm weight is not taken: `supports`)."""
     # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
     # (a bare torch.empty there would allocate a real tensor).
     out = x.new_empty(x.shape)
-    return _launch(x, scale, shift, eps, norm, round_norm, out)
+    return _launch(x, scale, shift, eps, norm, round_norm, out, weight=weight, bias=bias)
 
 
 # The triton_op runs the kernel eagerly and under torch.compile from the start of a graph; the lowering
