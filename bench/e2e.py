@@ -43,8 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LTX_2B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
               attention_head_dim=64, cross_attention_dim=2048, num_layers=28, caption_channels=4096,
               qk_norm="rms_norm_across_heads", norm_eps=1e-6)  # LTX-Video 0.9 (2B)  # fmt: skip
-QWEN_IMAGE_20B = dict(in_channels=64, out_channels=16, patch_size=2, num_layers=60, attention_head_dim=128,
-                      num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))  # Qwen-Image  # fmt: skip
+HUNYUAN_VIDEO_13B = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
+                         num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
+                         qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
+                         rope_theta=256.0, rope_axes_dim=(16, 56, 56))  # HunyuanVideo (13B)  # fmt: skip
+# (Random weights are made in fp32 on the device, then cast: a 20B model such as Qwen-Image needs 80 GB for that.)
 WORKLOADS = {
     # id: (preset or module:Class, shape, dtype, device[, {"config", "inputs", "text_len"}])
     "W1": ("flux-dev", "1024x1024", "bf16", "cuda"),
@@ -55,9 +58,9 @@ WORKLOADS = {
     # LTX-Video 768x512, 121 frames: 16 x 16 x 24 = 6,144 video tokens, 128 text tokens
     "W5-ltx": ("diffusers:LTXVideoTransformer3DModel", "512x768x121", "bf16", "cuda",
                {"config": LTX_2B, "inputs": "generic_model:ltx_inputs", "text_len": 128}),
-    # Qwen-Image 1024x1024: 4,096 image tokens, 256 text tokens
-    "W5-qwen": ("diffusers:QwenImageTransformer2DModel", "1024x1024", "bf16", "cuda",
-                {"config": QWEN_IMAGE_20B, "inputs": "generic_model:qwen_inputs", "text_len": 256}),
+    # HunyuanVideo 848x480, 33 frames: 9 x 30 x 53 = 14,310 video tokens, 256 text tokens (masked)
+    "W5-hunyuan": ("diffusers:HunyuanVideoTransformer3DModel", "480x848x33", "bf16", "cuda",
+                   {"config": HUNYUAN_VIDEO_13B, "inputs": "dit_zoo:hunyuan_video_inputs", "text_len": 256}),
     # the tiny configs of the same classes, to try the workloads on a CPU
     "W5-ltx-tiny": ("diffusers:LTXVideoTransformer3DModel", "64x64x9", "fp32", "cpu",
                     {"config": {}, "inputs": "generic_model:ltx_inputs", "tiny": "ltx-video"}),

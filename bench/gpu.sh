@@ -18,7 +18,7 @@
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
 #   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a profile of the modes in E2E_PROFILE (default
 #              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
-#   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-qwen (Qwen-Image 20B), families without an adapter:
+#   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
 #              stock, stock-fa3, omni (W5, W5_MODES)
 #   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
@@ -82,7 +82,7 @@ for stage in "$@"; do
       done ;;
     w5)
       # families without an adapter (issue 19): LTX-Video 2B and Qwen-Image 20B, generic adapter
-      for w in ${W5:-W5-ltx W5-qwen}; do
+      for w in ${W5:-W5-ltx W5-hunyuan}; do
         run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "${W5_MODES:-stock,stock-fa3,omni}" \
           --profile-modes omni --json "$OUT/e2e_$w.json"
       done ;;
@@ -106,7 +106,7 @@ done
 for f in "$OUT"/*.log; do [ -s "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done > "$OUT/stderr.txt"
 rm -f "$OUT"/*.log
 echo "=== tables ==="
-for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-qwen artifact store serve inspect; do
+for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan artifact store serve inspect; do
   [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
 done
 grep -hE "Traceback|Error|error:" "$OUT/stderr.txt" 2>/dev/null | sort | uniq -c | sort -rn | head -8

@@ -165,9 +165,10 @@ def timeline(kernels) -> dict:
 
 
 def _device_kernels(events) -> list:
-    # A record_function range also shows up on the device as a user annotation: not a kernel.
+    # A record_function range also shows up on the device as a user annotation: not a kernel. Ours are named
+    # REGION_RANGE...; Inductor's ("## Call CompiledFxGraph ... ##") span a whole compiled graph.
     cuda = torch.autograd.DeviceType.CUDA
-    return [e for e in events if e.device_type == cuda and not e.name.startswith(REGION_RANGE)]
+    return [e for e in events if e.device_type == cuda and not e.name.startswith((REGION_RANGE, "## "))]
 
 
 def _cpu_kernels(events) -> list:
