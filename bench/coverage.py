@@ -40,11 +40,11 @@ NOTES: dict[tuple[str, str], str] = {
     ("sana", "attention"): "attn1 is linear attention (no softmax, no SDPA call)",
     ("stable-audio", "adaln"): "no modulation (the conditioning is prepended to the sequence)",
 }
-# QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables and Wan's per-pair tables. In the
-# other models the norm (rms_norm) and the rotation (plain arithmetic, complex_mul's where the model writes
-# it as a complex product) are compiled by Inductor as they are, not fused into one kernel.
+# QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables, Wan's per-pair tables and LTX-Video's
+# interleaved [1, S, H * D] ones. In the other models the norm (rms_norm) and the rotation (plain arithmetic,
+# complex_mul's where the model writes it as a complex product) are compiled by Inductor as they are.
 QK_ROPE_NOTE = "norm and rotation compiled apart (other table layout)"
-for _name in ("ltx-video", "qwen-image", "hunyuan-video", "lumina2"):
+for _name in ("qwen-image", "hunyuan-video", "lumina2"):
     NOTES[(_name, "qk_norm_rope")] = QK_ROPE_NOTE
 
 

@@ -7,6 +7,9 @@ matches `omni_compile::rms_norm` followed by the rotary embedding as the models 
     FLUX double block:  apply_rotary_emb(cat([norm_added_q(q_txt), norm_q(q_img)], 1), ...)
     Wan self-attention: norm_q(q) over all heads, unflatten to heads, then Wan's rotary embedding
                         (out[..., 0::2] = x1 * cos - x2 * sin; out[..., 1::2] = x1 * sin + x2 * cos)
+    interleaved pairs over all heads (LTX-Video): norm_q(q) over H * D on [B, S, H * D], then
+                        x * cos + stack([-x_odd, x_even]).flatten() * sin with [1, S, H * D] tables,
+                        before the unflatten to heads (the whole token is one "head" of the op)
 
 and replaces each with one `omni_compile::rms_norm_rope`, which normalises and rotates in one pass
 and writes the concatenated sequence directly (no separate cat copy). The rotation tables are
@@ -70,6 +73,50 @@ def flux_joint_fused(x, weight, x_tail, weight_tail, cos, sin, eps):
     return _fused(x, weight, x_tail, weight_tail, cos, sin, eps)
 
 
+def interleaved_norm_rope(x, weight, cos, sin, eps):
+    # LTX-Video's apply_rotary_emb on the normalised [B, S, C] projection, tables [1, S, C] (C = H * D)
+    n = torch.ops.omni_compile.rms_norm(x, weight, eps, False)
+    x_real, x_imag = n.unflatten(2, (-1, 2)).unbind(-1)
+    rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
+    return (n.float() * cos + rotated.float() * sin).to(n.dtype)
+
+
+def interleaved_fused(x, weight, cos, sin, eps):
+    # the token as one head of C channels: the norm over C is the norm across heads
+    out = torch.ops.omni_compile.rms_norm_rope(
+        x.unsqueeze(2), weight, None, None, cos[0], sin[0], eps, False, False, "per_element"
+    )
+    return out.squeeze(2)
+
+
+def _interleaved_check(traced: torch.dtype):
+    def check(match: Match) -> bool:
+        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "cos", "sin")):
+            return False
+        x = match.kwargs["x"].meta["val"]
+        if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced == torch.float32):
+            return False
+        if x.dim() != 3 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
+            return False
+        w = match.kwargs.get("weight")
+        if w is not None and (not isinstance(w, torch.fx.Node) or tuple(w.meta["val"].shape) != (x.shape[-1],)):
+            return False
+        for node in match.nodes:
+            if node.target == torch.ops.omni_compile.rms_norm.default:
+                if node.args[3] and not (w is None or w.meta["val"].dtype == x.dtype == torch.float32):
+                    return False  # cast-before-weight norms are not fused
+                if len(node.users) != 2:  # the rotation's two reads, nothing else
+                    return False
+        for name in ("cos", "sin"):
+            t = match.kwargs[name].meta["val"]
+            # one table for the batch ([1, S, C]; a per-sample table is left as it is)
+            if t.dtype not in (torch.float32, x.dtype) or tuple(t.shape) != (1, x.shape[1], x.shape[2]):
+                return False
+        return True
+
+    return check
+
+
 def _flux_check(traced: torch.dtype, joint: bool):
     # The tables' dtype leaves no trace in the pattern (they multiply fp32 values), so both fp32 and
     # activation-dtype tables are accepted by one registration.
@@ -101,7 +148,8 @@ def _flux_check(traced: torch.dtype, joint: bool):
 
 
 class QKNormRopePass(PatternPass):
-    """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan) into `omni_compile::rms_norm_rope`."""
+    """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan, interleaved over all heads as
+    LTX-Video writes it) into `omni_compile::rms_norm_rope`."""
 
     name = "qk_norm_rope"
     # On by default: inside a compiled graph on the H200 its kernel runs 2.6-2.7x faster than Inductor's
@@ -132,6 +180,9 @@ class QKNormRopePass(PatternPass):
                 _flux_check(dtype, True),
                 sw,
             )
+            xi, wi, ti = torch.empty(1, 4, 16, dtype=dtype), torch.empty(16, dtype=dtype), torch.empty(1, 4, 16)
+            self.register(interleaved_norm_rope, interleaved_fused, [xi, wi, ti, ti.clone(), 1e-6],
+                          _interleaved_check(dtype), sw)  # fmt: skip
         self._register_wan()
 
     def _register_wan(self) -> None:
