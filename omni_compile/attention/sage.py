@@ -193,7 +193,10 @@ def quantize_blocks(x: torch.Tensor, block: int, block_d: int, smooth: bool = Fa
     n_blocks = triton.cdiv(S, block)
     xi = x.new_empty((B, H, n_blocks * block, block_d), dtype=torch.int8)
     scale = x.new_empty((B, H, n_blocks), dtype=torch.float32)
-    mean = x.new_empty((B * H, block_d), dtype=torch.float32) if smooth else scale
+    # Without smoothing the mean is never read, but it must not be `scale`: a buffer the same launch writes,
+    # passed twice, is two buffers once the launch is functionalised inside a compiled graph (the lowering
+    # embeds it), and which of the two stands for `scale` afterwards is not defined.
+    mean = x.new_empty((B * H, block_d) if smooth else (1,), dtype=torch.float32)
     sx = (x.stride(0), x.stride(1), x.stride(2))
     if smooth:
         launcher(_mean_kernel)[(B * H,)](
