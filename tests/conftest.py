@@ -1,5 +1,10 @@
 import contextlib
+import hashlib
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -62,9 +67,48 @@ def subprocess_env(tmp_path_factory):
     return env
 
 
+# The session's one flux-tiny artifact (`flux_artifact`): two shape buckets, so that what is per bucket
+# (one file per region and bucket, dispatch, the supported list in errors) is exercised.
+FLUX_ARTIFACT_BUCKETS = ["64x64", "64x128"]
+
+
+class BuiltArtifact(NamedTuple):
+    path: Path  # the artifact directory
+    stderr: str  # the build's progress and summary
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(root.rglob("*")) if f.is_file()}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def flux_artifact(tmp_path_factory, subprocess_env) -> BuiltArtifact:
+    """flux-tiny built ahead of time (`omni-compile build`, AOTInductor packages) at FLUX_ARTIFACT_BUCKETS,
+    once per session, in a subprocess with its own empty Inductor cache (minutes on 2 CPU cores).
+
+    Shared by the tests that read, load, verify, inspect or serve it (tests/test_artifact.py,
+    tests/test_inspect.py, tests/test_server.py). Read-only: a test that changes the artifact works on a
+    copy (shutil.copytree into its tmp_path); at the end of the session every file must be as built."""
+    root = tmp_path_factory.mktemp("flux-artifact")
+    out = root / "flux-tiny"
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
+    proc = subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", "build", "flux-tiny", "--shapes",
+                           ",".join(FLUX_ARTIFACT_BUCKETS), "--out", str(out)], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name for p in root.iterdir() if ".partial-" in p.name] == []
+    built = {out: _tree_digest(out)}
+    yield BuiltArtifact(out, proc.stderr)
+    for d, before in built.items():
+        after = _tree_digest(d)
+        changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
+        assert not changed, f"a test changed the session's {d.name} (copy it to change it): {changed[:10]}"
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
 
 
-__all__ = ["rel_l2", "omni_compile"]
+__all__ = ["FLUX_ARTIFACT_BUCKETS", "BuiltArtifact", "rel_l2", "omni_compile"]
