@@ -74,6 +74,7 @@ FLUX_ARTIFACT_BUCKETS = ["64x64", "64x128"]
 
 class BuiltArtifact(NamedTuple):
     path: Path  # the artifact directory
+    store: Path  # the file store the build published every file into (first node of tests/test_cache_build.py)
     stderr: str  # the build's progress and summary
 
 
@@ -84,22 +85,24 @@ def _tree_digest(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def flux_artifact(tmp_path_factory, subprocess_env) -> BuiltArtifact:
-    """flux-tiny built ahead of time (`omni-compile build`, AOTInductor packages) at FLUX_ARTIFACT_BUCKETS,
-    once per session, in a subprocess with its own empty Inductor cache (minutes on 2 CPU cores).
+    """flux-tiny built ahead of time (`omni-compile build`, AOTInductor packages) at FLUX_ARTIFACT_BUCKETS
+    into an empty file store, once per session, in a subprocess with its own empty Inductor cache (minutes
+    on 2 CPU cores).
 
     Shared by the tests that read, load, verify, inspect or serve it (tests/test_artifact.py,
-    tests/test_inspect.py, tests/test_server.py). Read-only: a test that changes the artifact works on a
-    copy (shutil.copytree into its tmp_path); at the end of the session every file must be as built."""
+    tests/test_inspect.py, tests/test_server.py) and by tests/test_cache_build.py as a first node's build.
+    Read-only: a test that changes the artifact or the store works on a copy (shutil.copytree into its
+    tmp_path); at the end of the session every file must be as built."""
     root = tmp_path_factory.mktemp("flux-artifact")
-    out = root / "flux-tiny"
+    out, store = root / "flux-tiny", root / "store"
     env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
     proc = subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", "build", "flux-tiny", "--shapes",
-                           ",".join(FLUX_ARTIFACT_BUCKETS), "--out", str(out)], env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+                           ",".join(FLUX_ARTIFACT_BUCKETS), "--store", f"file://{store}", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p.name for p in root.iterdir() if ".partial-" in p.name] == []
-    built = {out: _tree_digest(out)}
-    yield BuiltArtifact(out, proc.stderr)
+    built = {d: _tree_digest(d) for d in (out, store)}
+    yield BuiltArtifact(out, store, proc.stderr)
     for d, before in built.items():
         after = _tree_digest(d)
         changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
