@@ -10,6 +10,7 @@ check parity on their own weights (`--parity always`).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -29,7 +30,9 @@ TESTS = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def env(subprocess_env, tmp_path_factory):
-    return dict(subprocess_env, PYTHONPATH=str(TESTS),
+    # this directory for generic_model, ahead of the caller's PYTHONPATH (as in tests/test_cli.py)
+    path = os.pathsep.join(p for p in (str(TESTS), subprocess_env.get("PYTHONPATH")) if p)
+    return dict(subprocess_env, PYTHONPATH=path,
                 TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))  # fmt: skip
 
 
