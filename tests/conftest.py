@@ -3,6 +3,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -67,6 +69,52 @@ def subprocess_env(tmp_path_factory):
     return env
 
 
+def selected(request, test_name: str) -> bool:
+    """Whether this session runs the test function `test_name` of the requesting module (any parameters)."""
+    return any(getattr(item, "module", None) is request.module and getattr(item, "originalname", None) == test_name
+               for item in request.session.items)  # fmt: skip
+
+
+class BackgroundRun:
+    """A command started in a subprocess now and collected later with `result()`; its output goes to files
+    (a pipe nobody reads could fill and stop it). For the slow build one test needs: started with its
+    module's first test, it runs beside the module's other tests (a build runs mostly one compiler process
+    at a time, and CI has 2 cores). `stop()` kills it if it still runs."""
+
+    def __init__(self, args: list[str], env: dict, log_dir: Path, timeout: float = 900):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.args, self.timeout = args, timeout
+        self._out, self._err = open(log_dir / "stdout", "w+"), open(log_dir / "stderr", "w+")
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(args, env=env, stdout=self._out, stderr=self._err, text=True)
+        self.seconds: float | None = None  # how long the command ran, once it has ended
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.seconds = time.perf_counter() - self.started
+
+    def result(self) -> subprocess.CompletedProcess:
+        """Wait for the command (at most `timeout` seconds from its start): its exit status and output."""
+        try:
+            self.proc.wait(timeout=max(self.timeout - (time.perf_counter() - self.started), 0))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        self._waiter.join()
+        self._out.seek(0)
+        self._err.seek(0)
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, self._out.read(), self._err.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
 # The session's one flux-tiny artifact (`flux_artifact`): two shape buckets, so that what is per bucket
 # (one file per region and bucket, dispatch, the supported list in errors) is exercised.
 FLUX_ARTIFACT_BUCKETS = ["64x64", "64x128"]
@@ -114,4 +162,4 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-__all__ = ["FLUX_ARTIFACT_BUCKETS", "BuiltArtifact", "rel_l2", "omni_compile"]
+__all__ = ["FLUX_ARTIFACT_BUCKETS", "BackgroundRun", "BuiltArtifact", "rel_l2", "selected", "omni_compile"]
