@@ -1,5 +1,12 @@
 import contextlib
+import hashlib
 import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -62,9 +69,97 @@ def subprocess_env(tmp_path_factory):
     return env
 
 
+def selected(request, test_name: str) -> bool:
+    """Whether this session runs the test function `test_name` of the requesting module (any parameters)."""
+    return any(getattr(item, "module", None) is request.module and getattr(item, "originalname", None) == test_name
+               for item in request.session.items)  # fmt: skip
+
+
+class BackgroundRun:
+    """A command started in a subprocess now and collected later with `result()`; its output goes to files
+    (a pipe nobody reads could fill and stop it). For the slow build one test needs: started with its
+    module's first test, it runs beside the module's other tests (a build runs mostly one compiler process
+    at a time, and CI has 2 cores). `stop()` kills it if it still runs."""
+
+    def __init__(self, args: list[str], env: dict, log_dir: Path, timeout: float = 900):
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.args, self.timeout = args, timeout
+        self._out, self._err = open(log_dir / "stdout", "w+"), open(log_dir / "stderr", "w+")
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(args, env=env, stdout=self._out, stderr=self._err, text=True)
+        self.seconds: float | None = None  # how long the command ran, once it has ended
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.seconds = time.perf_counter() - self.started
+
+    def result(self) -> subprocess.CompletedProcess:
+        """Wait for the command (at most `timeout` seconds from its start): its exit status and output."""
+        try:
+            self.proc.wait(timeout=max(self.timeout - (time.perf_counter() - self.started), 0))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        self._waiter.join()
+        self._out.seek(0)
+        self._err.seek(0)
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, self._out.read(), self._err.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+# The session's one flux-tiny artifact (`flux_artifact`): two shape buckets, so that what is per bucket
+# (one file per region and bucket, dispatch, the supported list in errors) is exercised.
+FLUX_ARTIFACT_BUCKETS = ["64x64", "64x128"]
+
+
+class BuiltArtifact(NamedTuple):
+    path: Path  # the artifact directory
+    store: Path  # the file store the build published every file into (first node of tests/test_cache_build.py)
+    stderr: str  # the build's progress and summary
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(root.rglob("*")) if f.is_file()}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def flux_artifact(tmp_path_factory, subprocess_env) -> BuiltArtifact:
+    """flux-tiny built ahead of time (`omni-compile build`, AOTInductor packages) at FLUX_ARTIFACT_BUCKETS
+    into an empty file store, once per session, in a subprocess with its own empty Inductor cache (minutes
+    on 2 CPU cores).
+
+    Shared by the tests that read, load, verify, inspect or serve it (tests/test_artifact.py,
+    tests/test_inspect.py, tests/test_server.py) and by tests/test_cache_build.py as a first node's build.
+    Read-only: a test that changes the artifact or the store works on a copy (shutil.copytree into its
+    tmp_path); at the end of the session every file must be as built."""
+    root = tmp_path_factory.mktemp("flux-artifact")
+    out, store = root / "flux-tiny", root / "store"
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
+    proc = subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", "build", "flux-tiny", "--shapes",
+                           ",".join(FLUX_ARTIFACT_BUCKETS), "--store", f"file://{store}", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name for p in root.iterdir() if ".partial-" in p.name] == []
+    built = {d: _tree_digest(d) for d in (out, store)}
+    yield BuiltArtifact(out, store, proc.stderr)
+    for d, before in built.items():
+        after = _tree_digest(d)
+        changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
+        assert not changed, f"a test changed the session's {d.name} (copy it to change it): {changed[:10]}"
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
 
 
-__all__ = ["rel_l2", "omni_compile"]
+__all__ = ["FLUX_ARTIFACT_BUCKETS", "BackgroundRun", "BuiltArtifact", "rel_l2", "selected", "omni_compile"]

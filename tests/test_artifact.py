@@ -1,8 +1,9 @@
 """Prebuilt artifacts: `omni-compile build` (AOT) -> `omni_compile.load` with zero compilation.
 
-One artifact per model (flux-tiny, wan-tiny; two shape buckets each) is built once through the CLI in a
-subprocess (minutes on 2 CPU cores: one AOTInductor package per region x signature). Tamper tests work
-on copies of it.
+One artifact per model (flux-tiny, wan-tiny; two shape buckets each) is built through the CLI in a
+subprocess (minutes on 2 CPU cores: one AOTInductor package per region x signature): flux-tiny's is the
+session's (`flux_artifact`, tests/conftest.py, also read by tests/test_inspect.py and tests/test_server.py),
+wan-tiny's is built once for this module. Tamper tests work on copies of them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from conftest import FLUX_ARTIFACT_BUCKETS, BackgroundRun, selected
 from omni_compile.artifact import ArtifactError
 from test_cli import assert_user_error, cli
 
@@ -25,17 +27,24 @@ MODELS = {"flux-tiny": "64x64,64x128", "wan-tiny": "64x64x5,64x96x5"}
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory, subprocess_env):
+def artifacts(request, tmp_path_factory, subprocess_env):
+    """{model: artifact directory}: flux-tiny the session's (read-only), wan-tiny built here, at the same time
+    as the session's flux-tiny when that one is not built yet (one compiler process each on 2 CPU cores)."""
+    assert MODELS["flux-tiny"] == ",".join(FLUX_ARTIFACT_BUCKETS)
     root = tmp_path_factory.mktemp("artifacts")
     env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
-    out = {}
-    for model, shapes in MODELS.items():
-        proc = cli("build", model, "--shapes", shapes, "--out", str(root / model), env=env, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "compiling block" in proc.stderr and "wrote" in proc.stderr  # progress and summary
-        out[model] = root / model
+    wan = BackgroundRun([sys.executable, "-P", "-m", "omni_compile.cli", "build", "wan-tiny", "--shapes",
+                         MODELS["wan-tiny"], "--out", str(root / "wan-tiny")], env, root / "log-wan")  # fmt: skip
+    try:
+        flux = request.getfixturevalue("flux_artifact")
+        proc = wan.result()
+    finally:
+        wan.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for progress in (flux.stderr, proc.stderr):
+        assert "compiling block" in progress and "wrote" in progress  # progress and summary
     assert [p.name for p in root.iterdir() if ".partial-" in p.name] == []
-    return out
+    return {"flux-tiny": flux.path, "wan-tiny": root / "wan-tiny"}
 
 
 def test_manifest_describes_the_build(artifacts):
@@ -327,19 +336,38 @@ print("RESULT " + json.dumps({"err": float((out.double() - ref.double()).norm() 
 """
 
 
-def test_standalone_format_builds_shares_through_a_store_and_loads(tmp_path, subprocess_env):
+def _standalone_build(out, store) -> list[str]:
+    return ["build", "flux-tiny", "--shapes", "64x64", "--format", "inductor-standalone", "--store", store, "--out",
+            str(out), "-q"]  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standalone_first_node(request, tmp_path_factory, subprocess_env):
+    """(BackgroundRun, root) of the first node's build of test_standalone_format_builds_shares_through_a_store_
+    and_loads (into root/a, publishing into the file store root/store), started with this module's first test
+    so that it runs beside the others (None when that test is not selected)."""
+    if not selected(request, "test_standalone_format_builds_shares_through_a_store_and_loads"):
+        yield None
+        return
+    root = tmp_path_factory.mktemp("standalone")
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor-a"))
+    run = BackgroundRun([sys.executable, "-P", "-m", "omni_compile.cli", *_standalone_build(root / "a",
+                         f"file://{root / 'store'}")], env, root / "log-a")  # fmt: skip
+    yield run, root
+    run.stop()
+
+
+def test_standalone_format_builds_shares_through_a_store_and_loads(tmp_path, subprocess_env, standalone_first_node):
     """--format inductor-standalone (the CUDA default) on the CPU: the passes run inside the compile,
     the files go through a store to a second node with their call specs, and a fresh process loads
     them with no Dynamo graph and no Inductor compile (every graph an FX-cache hit from the file)."""
-    store = f"file://{tmp_path / 'store'}"
-    builds = []
-    for node in ("a", "b"):
-        env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{node}"))
-        proc = cli("build", "flux-tiny", "--shapes", "64x64", "--format", "inductor-standalone", "--store", store,
-                   "--out", str(tmp_path / node), "-q", env=env, timeout=900)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        builds.append(json.loads((tmp_path / node / "manifest.json").read_text()))
-    a, b = builds
+    run, root = standalone_first_node
+    proc = run.result()  # node a, into an empty store
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor-b"))
+    proc = cli(*_standalone_build(tmp_path / "b", f"file://{root / 'store'}"), env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (json.loads((d / "manifest.json").read_text()) for d in (root / "a", tmp_path / "b"))
     assert a["build"]["format"] == "inductor-standalone"
     files = [e for r in a["regions"] for es in r["buckets"].values() for e in es]
     assert files and all(e["file"].endswith(".bin") and e["pytree"]["in"] and e["pytree"]["out"] for e in files)

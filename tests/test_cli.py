@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BackgroundRun, selected
+
 TESTS = Path(__file__).parent
 
 
@@ -129,10 +131,12 @@ def test_build_then_warm_start(subprocess_env, tmp_path):
     ]
 
 
-@pytest.mark.compile
-def test_build_generic_model(subprocess_env, tmp_path):
-    env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(TESTS), subprocess_env.get("PYTHONPATH", "")]))
-    args = [
+def _generic_env(subprocess_env):
+    return dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(TESTS), subprocess_env.get("PYTHONPATH", "")]))
+
+
+def _generic_build(out) -> list[str]:
+    return [
         "build",
         "diffusers:LTXVideoTransformer3DModel",
         "--mode",
@@ -148,13 +152,32 @@ def test_build_generic_model(subprocess_env, tmp_path):
         "--device",
         "cpu",
         "--out",
-        str(tmp_path / "ltx"),
+        str(out),
         "--json",
         "-q",
     ]
-    missing = cli(*args[:4], "--shapes", "64x64x9", "--dtype", "fp32", "--device", "cpu", env=env)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def generic_build(request, tmp_path_factory, subprocess_env):
+    """The BackgroundRun of test_build_generic_model's build, started with this module's first test so that it
+    runs beside the others (None when that test is not selected)."""
+    if not selected(request, "test_build_generic_model"):
+        yield None
+        return
+    root = tmp_path_factory.mktemp("generic")
+    run = BackgroundRun([sys.executable, "-P", "-m", "omni_compile.cli", *_generic_build(root / "ltx")],
+                        _generic_env(subprocess_env), root / "log")  # fmt: skip
+    yield run
+    run.stop()
+
+
+@pytest.mark.compile
+def test_build_generic_model(subprocess_env, generic_build):
+    env = _generic_env(subprocess_env)
+    missing = cli(*_generic_build("unused")[:4], "--shapes", "64x64x9", "--dtype", "fp32", "--device", "cpu", env=env)
     assert_user_error(missing, "--example-inputs module:function")
-    proc = cli(*args, env=env)
+    proc = generic_build.result()
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["model"]["family"] == "generic" and report["totals"]["region_compiles"] == 1

@@ -4,12 +4,14 @@ tests/generic_model.py), each through `module:Class` and through a saved diffuse
 
 The class builds compile (minutes on 2 CPU cores); the directory builds hold other weights of the same
 architecture and take every file from the class builds' store, so they export and compile nothing and
-check parity on their own weights (`--parity always`).
+check parity on their own weights (`--parity always`). The models are built at the same time, one
+subprocess each (a build runs mostly one compiler process at a time, so one build leaves a core idle).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -22,25 +24,25 @@ import torch
 from generic_model import GENERIC_MODELS
 from test_cli import assert_user_error, cli
 
-pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]  # two builds in the first test's setup
+pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]  # every model's builds in the first test's setup
 
 TESTS = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def env(subprocess_env, tmp_path_factory):
-    return dict(subprocess_env, PYTHONPATH=str(TESTS),
+    # this directory for generic_model, ahead of the caller's PYTHONPATH (as in tests/test_cli.py)
+    path = os.pathsep.join(p for p in (str(TESTS), subprocess_env.get("PYTHONPATH")) if p)
+    return dict(subprocess_env, PYTHONPATH=path,
                 TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=list(GENERIC_MODELS))
-def built(request, tmp_path_factory, env):
-    """One model of GENERIC_MODELS: {"name", "class": ART, "dir": ART, "weights": DIR, "progress": stderr}."""
-    from omni_compile.models import resolve_model
-
-    name = request.param
+def _build_model(name: str, root: Path, env: dict) -> dict:
+    """The class build of model `name` into a new file store, then the build of its saved directory (written
+    beforehand to root/weights) from that store: {"name", "class": ART, "dir": ART, "weights": DIR, "progress":
+    the class build's stderr}."""
     cls, config, inputs, shape = GENERIC_MODELS[name]
-    root = tmp_path_factory.mktemp(name)
+    env = dict(env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))  # one per concurrent build
     store = f"file://{root / 'store'}"
     art = root / "class"
     proc = cli("build", cls, "--model-config", json.dumps(config), "--example-inputs", inputs, "--shapes", shape,
@@ -48,13 +50,55 @@ def built(request, tmp_path_factory, env):
     assert proc.returncode == 0, proc.stderr[-3000:]
     progress = proc.stderr
     weights = root / "weights"
-    model = resolve_model(cls, model_config=config).load(dtype=torch.float32, device="cpu", seed=7)
-    model.save_pretrained(weights)
     art_dir = root / "dir"
     proc = cli("build", str(weights), "--example-inputs", inputs, "--shapes", shape, "--store", store,
                "--parity", "always", "--out", str(art_dir), env=env, timeout=1200)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"name": name, "class": art, "dir": art_dir, "weights": weights, "progress": progress}
+
+
+def _selected_models(request) -> list[str]:
+    """The models of GENERIC_MODELS that the selected tests of this module build (all, unless -k or node
+    ids narrow the run)."""
+    mine = (item for item in request.session.items if getattr(item, "module", None) is request.module)
+    specs = (getattr(item, "callspec", None) for item in mine)
+    chosen = {spec.params["built"] for spec in specs if spec is not None and "built" in spec.params}
+    return [name for name in GENERIC_MODELS if name in chosen]
+
+
+@pytest.fixture(scope="module")
+def builds(request, tmp_path_factory, env):
+    """{name: _build_model's result, or the exception it raised} for each model a selected test builds, all
+    built at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omni_compile.models import resolve_model
+
+    names = _selected_models(request)
+    roots = {}
+    for name in names:  # the directory builds' weights: same architecture, other (seeded) weights
+        cls, config, _, _ = GENERIC_MODELS[name]
+        roots[name] = tmp_path_factory.mktemp(name)
+        model = resolve_model(cls, model_config=config).load(dtype=torch.float32, device="cpu", seed=7)
+        model.save_pretrained(roots[name] / "weights")
+    results = {}
+    with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+        futures = {name: pool.submit(_build_model, name, roots[name], env) for name in names}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except Exception as e:  # fails that model's tests only
+                results[name] = e
+    return results
+
+
+@pytest.fixture(scope="module", params=list(GENERIC_MODELS))
+def built(request, builds):
+    """One model of GENERIC_MODELS: {"name", "class": ART, "dir": ART, "weights": DIR, "progress": stderr}."""
+    result = builds[request.param]
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def _manifest(art: Path) -> dict:
@@ -88,11 +132,21 @@ def test_directory_build_reuses_the_class_build(built):
     assert b["parity"][shape]["checked"] == "here" and b["parity"][shape]["rel_l2_vs_eager"] < 1e-4
 
 
+def _clis(*calls: list[str], env: dict) -> list[subprocess.CompletedProcess]:
+    """`cli(*args)` for each `args` of `calls`, all at the same time (independent commands; about ten seconds
+    each, mostly one core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda args: cli(*args, env=env), calls))
+
+
 def test_verify_both_artifacts(built, env):
     """The class artifact re-makes its seeded random weights; the directory artifact takes --weights."""
     shape = GENERIC_MODELS[built["name"]][3]
-    for args in ([str(built["class"])], [str(built["dir"]), "--weights", str(built["weights"])]):
-        proc = cli("verify", *args, "--json", env=env)
+    calls = (["verify", str(built["class"]), "--json"],
+             ["verify", str(built["dir"]), "--weights", str(built["weights"]), "--json"])  # fmt: skip
+    for proc in _clis(*calls, env=env):
         assert proc.returncode == 0, proc.stderr[-3000:]
         res = json.loads(proc.stdout)
         assert res["ok"] and res["compilations"] == 0 and set(res["parity"]) == {shape}, res
@@ -100,13 +154,14 @@ def test_verify_both_artifacts(built, env):
 
 
 def test_verify_names_what_it_needs(built, env, tmp_path):
-    assert_user_error(cli("verify", str(built["dir"]), env=env), "pass them: weights=")
     m = _manifest(built["class"])
     m["build"]["example_inputs"] = None
     bare = tmp_path / "no-inputs"
     shutil.copytree(built["class"], bare)
     (bare / "manifest.json").write_text(json.dumps(m))
-    assert_user_error(cli("verify", str(bare), env=env), "records no example-input function; pass example_inputs=")
+    no_weights, no_inputs = _clis(["verify", str(built["dir"])], ["verify", str(bare)], env=env)
+    assert_user_error(no_weights, "pass them: weights=")
+    assert_user_error(no_inputs, "records no example-input function; pass example_inputs=")
 
 
 LOAD = r"""

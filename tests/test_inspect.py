@@ -1,8 +1,9 @@
 """`omni-compile inspect`: graphs before/after every pass, match tables, kernels, Dynamo view, profile,
 JSON against its schema, and the HTML report in a real headless Chromium.
 
-Each model is compiled once per module (JIT, one small bucket); the artifact test builds one flux-tiny
-artifact and inspects it from its stored dumps through the CLI, as on a machine without the build's GPU.
+Each model is compiled once per module (JIT, two small buckets); the artifact tests inspect the session's
+flux-tiny artifact (`flux_artifact`, tests/conftest.py: two buckets) from its stored dumps through the CLI,
+as on a machine without the build's GPU.
 """
 
 import io
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import FLUX_ARTIFACT_BUCKETS
 from omni_compile.inspect import InspectOptions, inspect
 
 SCHEMA = Path(__file__).parent.parent / "omni_compile" / "inspect" / "schema.json"
@@ -169,11 +171,8 @@ def cli(*args, env, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def artifact_inspection(tmp_path_factory, subprocess_env):
-    root = tmp_path_factory.mktemp("art")
-    art, out = root / "flux", root / "inspect"
-    proc = cli("build", "flux-tiny", "--shapes", ",".join(FLUX_BUCKETS), "--out", str(art), "-q", env=subprocess_env)
-    assert proc.returncode == 0, proc.stderr
+def artifact_inspection(tmp_path_factory, subprocess_env, flux_artifact):
+    art, out = flux_artifact.path, tmp_path_factory.mktemp("art") / "inspect"
     # Inspect from the stored dumps only: no compile, no device (what another machine does).
     proc = cli("inspect", str(art), "--out", str(out), "--html", str(out / "report.html"), "--json",
                str(out / "inspect.json"), env=dict(subprocess_env, CUDA_VISIBLE_DEVICES=""))  # fmt: skip
@@ -186,7 +185,7 @@ def artifact_inspection(tmp_path_factory, subprocess_env):
 def test_artifact_matches_equal_build_report(artifact_inspection):
     art, out, report = artifact_inspection
     assert report["target"]["kind"] == "artifact"
-    assert report["buckets"] == FLUX_BUCKETS
+    assert report["buckets"] == FLUX_ARTIFACT_BUCKETS and len(FLUX_ARTIFACT_BUCKETS) == 2
     _check_diffs(report)
     build = json.loads((art / "report" / "build_report.json").read_text())
     per_file = {(f["region"], Path(f["file"]).stem): f["passes"] for f in build["files"]}

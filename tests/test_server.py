@@ -1,6 +1,7 @@
-"""End to end: the real `omni-compile serve` in a subprocess on a loopback port, against one flux-tiny
-artifact (64x64) built once per session. Two servers: A (preset pipeline in memory, --api-key, a large
-queue) and B (the same pipeline written to a directory and passed with --pipeline, a queue of 1)."""
+"""End to end: the real `omni-compile serve` in a subprocess on a loopback port, against the session's
+flux-tiny artifact (`flux_artifact`, tests/conftest.py: buckets 64x64 and 64x128, served as the sizes
+64x64 and 128x64). Two servers: A (preset pipeline in memory, --api-key, a large queue) and B (the same
+pipeline written to a directory and passed with --pipeline, a queue of 1)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import FLUX_ARTIFACT_BUCKETS
+
 pytestmark = pytest.mark.compile
 
 KEY = "test-key"
@@ -35,12 +38,15 @@ def _cli(*args, env, timeout=600, **kw):
                           text=True, timeout=timeout, **kw)  # fmt: skip
 
 
+# The artifact's buckets (HEIGHTxWIDTH) as the sizes it serves, WIDTHxHEIGHT as OpenAI writes them
+SIZES = ["64x64", "128x64"]
+
+
 @pytest.fixture(scope="session")
-def tiny_artifact(tmp_path_factory, subprocess_env) -> Path:
-    out = tmp_path_factory.mktemp("serve") / "flux-tiny"
-    proc = _cli("build", "flux-tiny", "--shapes", "64x64", "--out", str(out), "-q", env=subprocess_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+def tiny_artifact(flux_artifact) -> Path:
+    """The session's flux-tiny artifact, read-only (test_corrupt_artifact_refused changes a copy)."""
+    assert FLUX_ARTIFACT_BUCKETS == ["64x64", "64x128"]  # SIZES
+    return flux_artifact.path
 
 
 def _free_port() -> int:
@@ -152,7 +158,7 @@ def test_same_seed_same_bytes(server_a):
 def test_models_health_auth(server_a):
     assert call(server_a.port, "/health") == (200, {"status": "ok"})  # no key needed
     status, body = call(server_a.port, "/v1/models", headers=AUTH)
-    assert status == 200 and body["data"][0]["sizes"] == ["64x64"] and body["data"][0]["compiled"] is True
+    assert status == 200 and body["data"][0]["sizes"] == SIZES and body["data"][0]["compiled"] is True
     for path in ("/v1/models", "/metrics"):
         status, body = call(server_a.port, path)
         assert status == 401 and body["error"]["type"] == "authentication_error"
