@@ -3,14 +3,12 @@
 Matches a GEMM (`mm`, or `addmm` with alpha = beta = 1) whose left operand is a concatenation along
 the contraction dimension, directly or through the reshape that flattens its leading dimensions
 ([B, S, Ka + Kb] -> [B*S, Ka + Kb]); FLUX's single block writes `proj_out(cat([attn, mlp], dim=2))`. It
-becomes one GEMM per part accumulating into the next:
-
-    addmm(addmm(bias, a, wᵀ[:Ka]), b, wᵀ[Ka:])        (mm(a, wᵀ[:Ka]) first when there is no bias)
-
-The weight slices are views of the transposed weight (cuBLAS reads them in place, with the full row as
-leading dimension), so what goes away is writing the concatenation and reading it back: for FLUX-dev at
-1024² that is 4608 x 15360 bf16 (141 MB) written and read per single block, against the first GEMM's
-output (4608 x 3072) read once more by the second.
+becomes `omni_compile::linear_parts([a, b, ...], wᵀ, bias)` (omni_compile/ops/linear_parts.py): one GEMM
+per part over a view of the transposed weight (cuBLAS reads it in place, with the full row as leading
+dimension), each later part accumulated in place into the first one's output. What goes away is writing
+the concatenation and reading it back: for FLUX-dev at 1024² that is 4608 x 15360 bf16 (141 MB) written
+and read per single block, against the first GEMM's output (4608 x 3072) read once more by the second.
+Written as ATen ops, the accumulation (`addmm(acc, b, w)`) would copy `acc` first; the op does not.
 
 Correctness: the same sum of products, in another order; the partial sum is rounded to the output
 dtype between the GEMMs (one rounding more in bf16, well within the lossless bound). Rewritten only
@@ -22,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+import omni_compile.ops  # noqa: F401  (registers omni_compile::linear_parts)
 from omni_compile.passes.base import OmniPass, _source
 from omni_compile.passes.lower_fused_ops import splice_body
 
@@ -30,18 +29,13 @@ RESHAPES = (aten.reshape.default, aten.view.default)
 
 
 def split_gemm(widths: list[int], rows: int, parts: list[torch.Tensor], wt: torch.Tensor, bias: torch.Tensor | None):
-    """sum_i parts_i @ wt[rows of part i] (+ bias), one GEMM per part accumulating into the next."""
-    acc, start = bias, 0
-    for part, k in zip(parts, widths):
-        x = part.reshape(rows, k)
-        w = wt[start : start + k]
-        acc = torch.mm(x, w) if acc is None else torch.addmm(acc, x, w)
-        start += k
-    return acc
+    """sum_i parts_i @ wt[rows of part i] (+ bias): the parts flattened to [rows, K_i], one `linear_parts`."""
+    xs = [part.reshape(rows, k) for part, k in zip(parts, widths)]
+    return torch.ops.omni_compile.linear_parts(xs, wt, bias)
 
 
 class CatGemmPass(OmniPass):
-    """Rewrites a GEMM over `cat([a, b, ...], -1)` into one accumulating GEMM per part."""
+    """Rewrites a GEMM over `cat([a, b, ...], -1)` into `linear_parts`: one GEMM per part, accumulated in place."""
 
     name = "cat_gemm"
 
