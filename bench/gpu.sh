@@ -16,7 +16,7 @@
 #   tests      GPU tests of the suite (TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
-#   e2e        bench/e2e.py on W1, then W2 (E2E_MODES), with a profile of the modes in E2E_PROFILE (default
+#   e2e        bench/e2e.py on W1, then W2 (E2E_WORKLOADS, E2E_MODES), with a profile of the modes in E2E_PROFILE (default
 #              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
 #   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
 #              stock, stock-fa3, omni (W5, W5_MODES)
@@ -76,14 +76,16 @@ for stage in "$@"; do
         --json "$OUT/e2e_w3.json" ;;
     e2e)
       E2E_MODES=${E2E_MODES:-"stock,stock-fa3,omni,omni/cg,omni/fuse,eager"}
-      for w in W1 W2; do
+      for w in ${E2E_WORKLOADS:-W1 W2}; do
         run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "$E2E_MODES" --profile-modes "${E2E_PROFILE:-omni,stock-fa3}" \
           --json "$OUT/e2e_$w.json"
       done ;;
     w5)
-      # families without an adapter (issue 19): LTX-Video 2B and Qwen-Image 20B, generic adapter
+      # families without an adapter (issue 19): LTX-Video 2B and HunyuanVideo 13B, generic adapter; three modes of
+      # HunyuanVideo (one process each: 13B random weights, compile, steps) take about 6 minutes
       for w in ${W5:-W5-ltx W5-hunyuan}; do
-        run "e2e_$w" 280 python3 -P bench/e2e.py --workloads "$w" --modes "${W5_MODES:-stock,stock-fa3,omni}" \
+        t=280; [ "$w" = W5-hunyuan ] && t=420
+        run "e2e_$w" "$t" python3 -P bench/e2e.py --workloads "$w" --modes "${W5_MODES:-stock,stock-fa3,omni}" \
           --profile-modes omni --json "$OUT/e2e_$w.json"
       done ;;
     artifact)
