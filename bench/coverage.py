@@ -40,11 +40,12 @@ NOTES: dict[tuple[str, str], str] = {
     ("sana", "attention"): "attn1 is linear attention (no softmax, no SDPA call)",
     ("stable-audio", "adaln"): "no modulation (the conditioning is prepended to the sequence)",
 }
-# QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables, Wan's per-pair tables and LTX-Video's
-# interleaved [1, S, H * D] ones. In the other models the norm (rms_norm) and the rotation (plain arithmetic,
-# complex_mul's where the model writes it as a complex product) are compiled by Inductor as they are.
-QK_ROPE_NOTE = "norm and rotation compiled apart (other table layout)"
-for _name in ("qwen-image", "hunyuan-video", "lumina2"):
+# QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables (HunyuanVideo's too, on the whole
+# sequence or on the image prefix), Wan's per-pair tables and LTX-Video's interleaved [1, S, H * D] ones. In the
+# other models the norm (rms_norm) and the rotation (complex_mul's, where the model writes it as a complex product
+# of [S, D/2] tables) are compiled by Inductor as they are.
+QK_ROPE_NOTE = "norm and rotation compiled apart (complex [S, D/2] tables)"
+for _name in ("qwen-image", "lumina2"):
     NOTES[(_name, "qk_norm_rope")] = QK_ROPE_NOTE
 
 

@@ -16,8 +16,8 @@ Matches, on the post-grad graph, the modulations DiTs write after a norm without
         LayerNorm(x; weight, bias) * (1 + scale)[:, None] + shift[:, None]     (CogVideoX), or per token
                                                -> adaln(..., "layer", True, weight, bias)
         RMSNorm(x; weight) * (1 + scale[:, None]) [+ shift]     (Lumina2; diffusers' RMSNorm, whose weight
-                                               rounds as `cast_before_weight`)
-                                               -> adaln(..., "rms", True, weight, None, True)
+                                               rounds as `cast_before_weight`; in fp32 the torch flag)
+                                               -> adaln(..., "rms", True, weight, None, cast_before_weight)
 
 for fp32/bf16/fp16 activations, scale/shift in the activation dtype (fp32 for the Wan form), however the
 conditioning was split (chunk, unbind, slicing: the pattern starts at the tensors), per-sample [B, 1, D]
@@ -114,42 +114,33 @@ def fused_layer_affine_2d(x, weight, bias, scale, shift, eps):
                                         False)  # fmt: skip
 
 
-def rms_weight_adaln(x, weight, scale, shift, eps):
-    return torch.ops.omni_compile.rms_norm(x, weight, eps, True) * (1 + scale) + shift
+def rms_weight_forms(cbw: bool) -> list:
+    """(pattern, replacement, which) of an RMSNorm with a weight, then the modulation (Lumina2), for the norm's
+    rounding flag: diffusers' cast before the weight in half precision, the torch flag in fp32 (where the rms_norm
+    pass folds diffusers' separate weight multiply into the op: all fp32, the same values). torch's
+    re-check of a candidate compares that literal: one registration per flag."""
 
+    def rms_weight_adaln(x, weight, scale, shift, eps):
+        return torch.ops.omni_compile.rms_norm(x, weight, eps, cbw) * (1 + scale) + shift
 
-def rms_weight_scale_only(x, weight, scale, eps):
-    return torch.ops.omni_compile.rms_norm(x, weight, eps, True) * (1 + scale)
+    def rms_weight_scale_only(x, weight, scale, eps):
+        return torch.ops.omni_compile.rms_norm(x, weight, eps, cbw) * (1 + scale)
 
+    def rms_weight_scale_only_2d(x, weight, scale, eps):
+        # Lumina2: `norm(x) * (1 + scale[:, None])` (the unsqueeze before the `1 +`)
+        return torch.ops.omni_compile.rms_norm(x, weight, eps, cbw) * (1 + scale.unsqueeze(1))
 
-def rms_weight_scale_only_2d(x, weight, scale, eps):
-    # Lumina2: `norm(x) * (1 + scale[:, None])` (the unsqueeze before the `1 +`)
-    return torch.ops.omni_compile.rms_norm(x, weight, eps, True) * (1 + scale.unsqueeze(1))
+    def fused_rms_weight_adaln(x, weight, scale, shift, eps):
+        return torch.ops.omni_compile.adaln(x, scale, shift, eps, "rms", True, weight, None, cbw)
 
+    def fused_rms_weight_scale_only(x, weight, scale, eps):
+        return torch.ops.omni_compile.adaln(x, scale, None, eps, "rms", True, weight, None, cbw)
 
-def rms_then_weight_adaln(x, weight, scale, shift, eps):
-    # diffusers' RMSNorm in fp32 leaves its weight outside the norm op (`rms_norm(x) * weight`)
-    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * weight * (1 + scale) + shift
+    def fused_rms_weight_scale_only_2d(x, weight, scale, eps):
+        return torch.ops.omni_compile.adaln(x, scale.unsqueeze(1), None, eps, "rms", True, weight, None, cbw)
 
-
-def rms_then_weight_scale_only(x, weight, scale, eps):
-    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * weight * (1 + scale)
-
-
-def rms_then_weight_scale_only_2d(x, weight, scale, eps):
-    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * weight * (1 + scale.unsqueeze(1))
-
-
-def fused_rms_weight_adaln(x, weight, scale, shift, eps):
-    return torch.ops.omni_compile.adaln(x, scale, shift, eps, "rms", True, weight, None, True)
-
-
-def fused_rms_weight_scale_only(x, weight, scale, eps):
-    return torch.ops.omni_compile.adaln(x, scale, None, eps, "rms", True, weight, None, True)
-
-
-def fused_rms_weight_scale_only_2d(x, weight, scale, eps):
-    return torch.ops.omni_compile.adaln(x, scale.unsqueeze(1), None, eps, "rms", True, weight, None, True)
+    return [(rms_weight_adaln, fused_rms_weight_adaln, "shift"), (rms_weight_scale_only, fused_rms_weight_scale_only,
+            "scale"), (rms_weight_scale_only_2d, fused_rms_weight_scale_only_2d, "scale-2d")]  # fmt: skip
 
 
 def _affine_ok(match: Match, x: torch.Tensor) -> bool:
@@ -245,18 +236,12 @@ class AdaLNPass(PatternPass):
         x, mod = torch.empty(2, 4, 8), torch.empty(2, 1, 8)
         self.register(rms_adaln, fused_rms_adaln, [x, mod, mod.clone(), 1e-6], _check(None, False), eps)
         self.register(rms_scale_only, fused_rms_scale_only, [x, mod, 1e-6], _check(None, False, SCALE), eps)
-        # an RMSNorm with a weight, then the modulation (Lumina2)
+        # an RMSNorm with a weight, then the modulation (Lumina2): diffusers' rounding, or all fp32
         w, mod2 = torch.empty(8), torch.empty(2, 8)
-        check = _check(None, False, affine=True)
-        self.register(rms_weight_adaln, fused_rms_weight_adaln, [x, w, mod, mod.clone(), 1e-6], check, eps)
-        check = _check(None, False, SCALE, affine=True)
-        self.register(rms_weight_scale_only, fused_rms_weight_scale_only, [x, w, mod, 1e-6], check, eps)
-        check = _check(None, False, SCALE, rank=2, affine=True)
-        self.register(rms_weight_scale_only_2d, fused_rms_weight_scale_only_2d, [x, w, mod2, 1e-6], check, eps)
-        # the same in fp32, where diffusers' RMSNorm multiplies its weight after the norm op (all fp32: exact)
-        check = _check(None, False, affine=True, fp32_only=True)
-        self.register(rms_then_weight_adaln, fused_rms_weight_adaln, [x, w, mod, mod.clone(), 1e-6], check, eps)
-        check = _check(None, False, SCALE, affine=True, fp32_only=True)
-        self.register(rms_then_weight_scale_only, fused_rms_weight_scale_only, [x, w, mod, 1e-6], check, eps)
-        check = _check(None, False, SCALE, rank=2, affine=True, fp32_only=True)
-        self.register(rms_then_weight_scale_only_2d, fused_rms_weight_scale_only_2d, [x, w, mod2, 1e-6], check, eps)
+        for cbw in (True, False):
+            for search, replace, which in rms_weight_forms(cbw):
+                names, rank = {"shift": (("scale", "shift"), 3), "scale": (SCALE, 3), "scale-2d": (SCALE, 2)}[which]
+                example = {"shift": [x, w, mod, mod.clone(), 1e-6], "scale": [x, w, mod, 1e-6],
+                           "scale-2d": [x, w, mod2, 1e-6]}[which]  # fmt: skip
+                check = _check(None, False, names, rank=rank, affine=True, fp32_only=not cbw)
+                self.register(search, replace, example, check, eps, skip_duplicates=cbw)

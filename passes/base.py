@@ -149,7 +149,10 @@ class PatternPass(OmniPass):
         example_inputs: list[Any],
         extra_check: Callable | None = None,
         scalar_workaround: dict[str, float] | None = None,
+        skip_duplicates: bool = True,
     ) -> None:
+        """`skip_duplicates=False` keeps a pattern that equals an earlier one but for literals that the first
+        comparison ignores (ints, bools, dtypes) and torch's re-check at the match's shapes compares."""
         for fn in (search_fn, replace_fn, extra_check):
             if fn is not None:
                 self._extra_sources.append(_source(fn))
@@ -163,7 +166,7 @@ class PatternPass(OmniPass):
                 self.patterns,
                 extra_check=extra_check or (lambda match: True),
                 scalar_workaround=scalar_workaround,
-                skip_duplicates=True,
+                skip_duplicates=skip_duplicates,
             )
         )
 

@@ -5,12 +5,15 @@ matches `omni_compile::rms_norm` followed by the rotary embedding as the models 
 
     FLUX single block:  apply_rotary_emb(norm_q(q), (cos, sin), sequence_dim=1)          (per-head norm)
     FLUX double block:  apply_rotary_emb(cat([norm_added_q(q_txt), norm_q(q_img)], 1), ...)
+    a rotated prefix:   cat([apply_rotary_emb(n[:, :S_img], ...), n[:, S_img:]], 1) with n = norm_q(q)
+                        (HunyuanVideo's single-stream block: the text tokens at the end are not rotated)
     Wan self-attention: norm_q(q) over all heads, unflatten to heads, then Wan's rotary embedding
                         (out[..., 0::2] = x1 * cos - x2 * sin; out[..., 1::2] = x1 * sin + x2 * cos)
     interleaved pairs over all heads (LTX-Video): norm_q(q) over H * D on [B, S, H * D], then
                         x * cos + stack([-x_odd, x_even]).flatten() * sin with [1, S, H * D] tables,
                         before the unflatten to heads (the whole token is one "head" of the op)
 
+with the norm in either rounding (torch's, or diffusers' cast to a half-precision weight's dtype first),
 and replaces each with one `omni_compile::rms_norm_rope`, which normalises and rotates in one pass
 and writes the concatenated sequence directly (no separate cat copy). The rotation tables are
 passed whole ([S, D]; Wan's [1, S, 1, D] as a free reshape), with how a pair reads them. `extra_check`/handler guards: the
@@ -51,42 +54,69 @@ def flux_joint_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, cbw):
     return apply_rotary_emb(n, (cos, sin), sequence_dim=1)
 
 
-def _fused(x, weight, x_tail, weight_tail, cos, sin, eps):
-    return torch.ops.omni_compile.rms_norm_rope(
-        x, weight, x_tail, weight_tail, cos, sin, eps, False, False, "per_element"
-    )
+def _fused(x, weight, x_tail, weight_tail, cos, sin, eps, cbw):
+    return torch.ops.omni_compile.rms_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, cbw, False, "per_element")
 
 
-def flux_single(x, weight, cos, sin, eps):
-    return flux_norm_rope(x, weight, cos, sin, eps, False)
+def flux_forms(cbw: bool) -> list:
+    """(pattern, replacement, joint) of FLUX's two forms with the norms in one rounding. torch's
+    `register_replacement` re-checks a candidate against the pattern traced at its shapes with every literal
+    compared, the rounding flag included: one registration per flag."""
+
+    def flux_single(x, weight, cos, sin, eps):
+        return flux_norm_rope(x, weight, cos, sin, eps, cbw)
+
+    def flux_single_fused(x, weight, cos, sin, eps):
+        return _fused(x, weight, None, None, cos, sin, eps, cbw)
+
+    def flux_joint(x, weight, x_tail, weight_tail, cos, sin, eps):
+        return flux_joint_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, cbw)
+
+    def flux_joint_fused(x, weight, x_tail, weight_tail, cos, sin, eps):
+        return _fused(x, weight, x_tail, weight_tail, cos, sin, eps, cbw)
+
+    return [(flux_single, flux_single_fused, False), (flux_joint, flux_joint_fused, True)]
 
 
-def flux_single_fused(x, weight, cos, sin, eps):
-    return _fused(x, weight, None, None, cos, sin, eps)
+def prefix_form(cbw: bool):
+    def prefix_norm_rope(x, weight, cos, sin, eps):
+        # HunyuanVideo's single-stream block: q/k of [image tokens, text tokens] normalised together, the rotary
+        # embedding on the image tokens only, the text tokens appended as they are (the example's tail is 2
+        # tokens; the slice bounds are integers, which the comparison ignores: the check reads them)
+        n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
+        return torch.cat([apply_rotary_emb(n[:, :-2], (cos, sin), sequence_dim=1), n[:, -2:]], dim=1)
+
+    return prefix_norm_rope
 
 
-def flux_joint(x, weight, x_tail, weight_tail, cos, sin, eps):
-    return flux_joint_norm_rope(x, weight, x_tail, weight_tail, cos, sin, eps, False)
+def prefix_fused(x, weight, cos, sin, eps, cast_before_weight):
+    # the tail's rotation is the identity: cos 1 and sin 0 give n exactly (n * 1 - n' * 0 in fp32), rounded
+    # to n's dtype as the unrotated tail already is
+    tail, d = x.shape[1] - cos.shape[0], x.shape[-1]
+    cos, sin = cos.float(), sin.float()
+    # made from the tables, not by factories (the replacement is traced with real-mode make_fx on fake tensors)
+    cos = torch.cat([cos, (cos[:1] * 0 + 1).expand(tail, d)])
+    sin = torch.cat([sin, (sin[:1] * 0).expand(tail, d)])
+    return torch.ops.omni_compile.rms_norm_rope(x, weight, None, None, cos, sin, eps, cast_before_weight, False,
+                                                "per_element")  # fmt: skip
 
 
-def flux_joint_fused(x, weight, x_tail, weight_tail, cos, sin, eps):
-    return _fused(x, weight, x_tail, weight_tail, cos, sin, eps)
+def interleaved_forms(cbw: bool) -> tuple:
+    def interleaved_norm_rope(x, weight, cos, sin, eps):
+        # LTX-Video's apply_rotary_emb on the normalised [B, S, C] projection, tables [1, S, C] (C = H * D)
+        n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
+        x_real, x_imag = n.unflatten(2, (-1, 2)).unbind(-1)
+        rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
+        return (n.float() * cos + rotated.float() * sin).to(n.dtype)
 
+    def interleaved_fused(x, weight, cos, sin, eps):
+        # the token as one head of C channels: the norm over C is the norm across heads
+        out = torch.ops.omni_compile.rms_norm_rope(
+            x.unsqueeze(2), weight, None, None, cos[0], sin[0], eps, cbw, False, "per_element"
+        )
+        return out.squeeze(2)
 
-def interleaved_norm_rope(x, weight, cos, sin, eps):
-    # LTX-Video's apply_rotary_emb on the normalised [B, S, C] projection, tables [1, S, C] (C = H * D)
-    n = torch.ops.omni_compile.rms_norm(x, weight, eps, False)
-    x_real, x_imag = n.unflatten(2, (-1, 2)).unbind(-1)
-    rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
-    return (n.float() * cos + rotated.float() * sin).to(n.dtype)
-
-
-def interleaved_fused(x, weight, cos, sin, eps):
-    # the token as one head of C channels: the norm over C is the norm across heads
-    out = torch.ops.omni_compile.rms_norm_rope(
-        x.unsqueeze(2), weight, None, None, cos[0], sin[0], eps, False, False, "per_element"
-    )
-    return out.squeeze(2)
+    return interleaved_norm_rope, interleaved_fused
 
 
 def _interleaved_check(traced: torch.dtype):
@@ -102,11 +132,8 @@ def _interleaved_check(traced: torch.dtype):
         if w is not None and (not isinstance(w, torch.fx.Node) or tuple(w.meta["val"].shape) != (x.shape[-1],)):
             return False
         for node in match.nodes:
-            if node.target == torch.ops.omni_compile.rms_norm.default:
-                if node.args[3] and not (w is None or w.meta["val"].dtype == x.dtype == torch.float32):
-                    return False  # cast-before-weight norms are not fused
-                if len(node.users) != 2:  # the rotation's two reads, nothing else
-                    return False
+            if node.target == torch.ops.omni_compile.rms_norm.default and len(node.users) != 2:
+                return False  # the rotation's two reads, nothing else
         for name in ("cos", "sin"):
             t = match.kwargs[name].meta["val"]
             # one table for the batch ([1, S, C]; a per-sample table is left as it is)
@@ -128,8 +155,6 @@ def _flux_check(traced: torch.dtype, joint: bool):
         dtype = x.dtype
         if (dtype == torch.float32) != (traced == torch.float32) or dtype not in DTYPES:
             return False  # fp32 chains have no casts; half-precision ones do
-        if any(n.target == torch.ops.omni_compile.rms_norm.default and n.args[3] for n in match.nodes):
-            return False  # cast-before-weight norms are not fused
         cos, sin = match.kwargs["cos"].meta["val"], match.kwargs["sin"].meta["val"]
         if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
             return False
@@ -145,6 +170,54 @@ def _flux_check(traced: torch.dtype, joint: bool):
         return True
 
     return check
+
+
+def _prefix_check(traced: torch.dtype):
+    def check(match: Match) -> bool:
+        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "cos", "sin")):
+            return False
+        x = match.kwargs["x"].meta["val"]
+        if (x.dtype == torch.float32) != (traced == torch.float32) or x.dtype not in DTYPES:
+            return False
+        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
+            return False
+        w = match.kwargs.get("weight")
+        if w is not None and (not isinstance(w, torch.fx.Node) or tuple(w.meta["val"].shape) != (x.shape[-1],)):
+            return False
+        seq, head = x.shape[1], match.kwargs["cos"].meta["val"].shape[0]
+        if not 0 < head < seq:
+            return False
+        for name in ("cos", "sin"):
+            t = match.kwargs[name].meta["val"]
+            if t.dtype not in (torch.float32, x.dtype) or tuple(t.shape) != (head, x.shape[-1]):
+                return False
+        # the two slices of the norm's output along the sequence: [0, head) and [head, seq), nothing else
+        norm = next(n for n in match.nodes if n.target == torch.ops.omni_compile.rms_norm.default)
+        spans = []
+        for user in norm.users:
+            if user.target != aten.slice.Tensor or user.kwargs:
+                return False
+            _, dim, start, end, step = list(user.args) + [None] * (5 - len(user.args))
+            if dim != 1 or step not in (None, 1):
+                return False
+            start, end = (0 if start is None else start), (seq if end is None else end)
+            spans.append(tuple(v + seq if v < 0 else min(v, seq) for v in (start, end)))
+        return sorted(spans) == [(0, head), (head, seq)]
+
+    return check
+
+
+def _replace_prefix(match: Match, *args, **kwargs) -> None:
+    # a hand-registered pattern: torch's register_replacement would re-trace the search function with the
+    # match's shapes and compare the slice bounds literally (the model's `:-T` against the trace's `:S`)
+    # (the handler's pattern ignores bool literals: the rounding is read from the matched norm)
+    x, weight, cos, sin, eps = (match.kwargs.get(k) for k in ("x", "weight", "cos", "sin", "eps"))
+    (flag,) = [n.args[3] for n in match.nodes if n.target == torch.ops.omni_compile.rms_norm.default]
+
+    def fused(x, cos, sin, *w):
+        return prefix_fused(x, w[0] if w else None, cos, sin, eps, flag)
+
+    match.replace_by_example(fused, [x, cos, sin] + ([weight] if weight is not None else []))
 
 
 class QKNormRopePass(PatternPass):
@@ -165,25 +238,40 @@ class QKNormRopePass(PatternPass):
         self._norms = shared_pass(RMSNormPass, "{}")  # the instance the manager uses: patterns traced once
         self._extra_sources.append(self._norms.uuid())
         # Dtype literals and the bool argument are ignored when patterns are compared, so the bf16 and
-        # fp16 chains are one registration; the checks pin what the traced chain means. Only the torch
-        # convention (cast_before_weight=False, what torch.nn.RMSNorm does) is fused.
+        # fp16 chains are one registration; the checks pin what the traced chain means. Both RMSNorm roundings
+        # (torch's, and diffusers' cast before the weight) fuse: the check hands the flag to the replacement.
         sw = {"eps": 1e-6}
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.empty(1, 4, 2, 8, dtype=dtype)
             w = torch.empty(8, dtype=dtype)
             t, t2 = torch.empty(4, 8), torch.empty(8, 8)
-            self.register(flux_single, flux_single_fused, [x, w, t, t.clone(), 1e-6], _flux_check(dtype, False), sw)
-            self.register(
-                flux_joint,
-                flux_joint_fused,
-                [x, w, x.clone(), w.clone(), t2, t2.clone(), 1e-6],
-                _flux_check(dtype, True),
-                sw,
-            )
             xi, wi, ti = torch.empty(1, 4, 16, dtype=dtype), torch.empty(16, dtype=dtype), torch.empty(1, 4, 16)
-            self.register(interleaved_norm_rope, interleaved_fused, [xi, wi, ti, ti.clone(), 1e-6],
-                          _interleaved_check(dtype), sw)  # fmt: skip
+            for cbw in (False, True):
+                # the second flag's patterns equal the first's but for the flag: kept, not skipped as duplicates
+                again = {"skip_duplicates": not cbw}
+                for search, replace, joint in flux_forms(cbw):
+                    example = [x, w, x.clone(), w.clone(), t2, t2.clone(), 1e-6] if joint else [x, w, t, t.clone(), 1e-6]
+                    self.register(search, replace, example, _flux_check(dtype, joint), sw, **again)
+                self.register(*interleaved_forms(cbw), [xi, wi, ti, ti.clone(), 1e-6], _interleaved_check(dtype), sw,
+                              **again)  # fmt: skip
+            self._register_prefix(dtype, [torch.empty(1, 6, 2, 8, dtype=dtype), w, t, t.clone(), 1e-6], sw)
         self._register_wan()
+
+    def _register_prefix(self, dtype: torch.dtype, example: list, scalar_workaround: dict) -> None:
+        from torch._inductor.pattern_matcher import gen_pattern, register_graph_pattern
+
+        from omni_compile.passes.base import _source, _trace_like_post_grad
+
+        self._extra_sources += [_source(f) for f in (prefix_form, prefix_fused, _prefix_check, _replace_prefix)]
+        self._extra_sources.append(repr([(getattr(t, "dtype", t), getattr(t, "shape", None)) for t in example]))
+        for cbw in (False, True):  # the rounding flag is a literal the pattern compares
+            self._pending.append(
+                lambda cbw=cbw: register_graph_pattern(
+                    gen_pattern(prefix_form(cbw), example, _trace_like_post_grad, scalar_workaround),
+                    extra_check=_prefix_check(dtype),
+                    pass_dict=self.patterns,
+                )(_replace_prefix)
+            )
 
     def _register_wan(self) -> None:
         # Wan's rotary embedding writes the even and odd halves into an empty tensor; after

@@ -156,7 +156,7 @@ class RMSNormPass(PatternPass):
                 half_w = torch.empty(8, dtype=torch.bfloat16)
                 check = _dtype_check(x_dtype, _cast_first_weight)
                 self.register(diffusers_rms_norm, fused_rms_norm_cast_first, [x, half_w, 1e-6], check, eps)
-                if x_dtype == torch.float32 and "torch" not in semantics:
+                if x_dtype == torch.float32:  # fp32 all through: both roundings are the same, the torch flag
                     check = _dtype_check(x_dtype, _fp32_weight)
                     self.register(diffusers_rms_norm, fused_rms_norm, [x, w, 1e-6], check, eps)
                 check = _dtype_check(x_dtype)

@@ -1,7 +1,10 @@
-"""The qk_norm_rope pass on the interleaved rotary embedding over all heads (LTX-Video's: RMSNorm over H * D of
-the [B, S, H * D] projection, then `x * cos + stack([-x_odd, x_even]).flatten() * sin` with [1, S, H * D]
-tables, before the unflatten to heads): one `omni_compile::rms_norm_rope`, values against eager and float64,
-through the Triton kernel (interpreter) too; near misses stay untouched."""
+"""The qk_norm_rope pass on forms beyond FLUX's and Wan's own: the interleaved rotary embedding over all heads
+(LTX-Video's: RMSNorm over H * D of the [B, S, H * D] projection, then `x * cos + stack([-x_odd, x_even]).flatten()
+* sin` with [1, S, H * D] tables, before the unflatten to heads); the per-head norm in diffusers' rounding (cast to
+the weight's dtype before the weight, HunyuanVideo's); and the rotary embedding on a prefix of the sequence only
+(HunyuanVideo's single-stream block: image tokens rotated, text tokens appended as they are). Each becomes one
+`omni_compile::rms_norm_rope`, values against eager and float64, through the Triton kernel (interpreter) too;
+near misses stay untouched."""
 
 
 import pytest
@@ -78,6 +81,101 @@ def test_near_misses_are_left_alone(case):
         def fn(x, cos, sin):
             n = norm(x)
             return interleaved_rope(n, cos, sin) + n
+
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, cos, sin)
+        before = fn(x, cos, sin)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert "qk_norm_rope" not in fired(log) and ROPE not in targets(gm)
+        assert rel_l2(gm(x, cos, sin), before) < 1e-6
+
+
+def per_head_rope(x, cos, sin):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return apply_rotary_emb(x, (cos, sin), sequence_dim=1)
+
+
+def head_tables(s, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    angle = torch.rand(s, d // 2, generator=g) * 6.28
+    return angle.cos().repeat_interleave(2, -1), angle.sin().repeat_interleave(2, -1)
+
+
+def make_norm(kind, d, dtype):
+    from diffusers.models.normalization import RMSNorm
+
+    norm = (RMSNorm(d, eps=1e-6) if kind == "diffusers" else torch.nn.RMSNorm(d, eps=1e-6)).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(d) * 0.5 + 1)
+    return norm
+
+
+def head_reference(x, w, cos, sin, rotated: int):
+    xd = x.double()
+    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.detach().double()
+    return torch.cat([per_head_rope(n[:, :rotated], cos.double(), sin.double()), n[:, rotated:]], dim=1)
+
+
+@pytest.mark.parametrize("kernel", ["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["whole", "prefix"])
+@pytest.mark.parametrize("norm_kind", ["torch", "diffusers"])
+def test_per_head_norm_then_rope_in_either_rounding(norm_kind, form, dtype, kernel, monkeypatch):
+    """FLUX's form (the whole sequence rotated) and HunyuanVideo's single-stream form (a prefix rotated), with
+    torch's RMSNorm or diffusers' (which rounds before the weight in half precision)."""
+    if kernel == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    b, s, text, h, d = 2, 11, 4 if form == "prefix" else 0, 3, 16
+    norm = make_norm(norm_kind, d, dtype)
+    x = torch.randn(b, s, h, d, dtype=dtype) * 3
+    cos, sin = head_tables(s - text, d)
+
+    def fn(x, cos, sin):
+        n = norm(x)
+        if not text:
+            return per_head_rope(n, cos, sin)
+        return torch.cat([per_head_rope(n[:, :-text], cos, sin), n[:, -text:]], dim=1)
+
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, cos, sin)
+        eager = fn(x, cos, sin)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert fired(log) == {"rms_norm": 1, "qk_norm_rope": 1}, fired(log)
+        (op,) = [n for n in gm.graph.nodes if n.target == torch.ops.omni_compile.rms_norm_rope.default]
+        cbw = norm_kind == "diffusers" and dtype == torch.bfloat16  # diffusers' RMSNorm casts only to a half weight
+        assert op.args[7] is cbw and "aten.rsqrt.default" not in targets(gm)
+        if kernel == "triton":
+            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"rms_norm_rope": "triton"}))
+            assert log.resolutions["rms_norm_rope"]["implementation"].startswith("triton")
+        fused = gm(x, cos, sin)
+    assert fused.dtype == eager.dtype and fused.shape == eager.shape
+    ref = head_reference(x, norm.weight, cos, sin, s - text)
+    if dtype == torch.float32:
+        assert rel_l2(fused, eager) < 1e-6 and rel_l2(fused, ref) < 1e-5
+    else:  # the same roundings as eager: equal but for the order of fp32 operations
+        assert rel_l2(fused, eager) < 4e-3 and rel_l2(fused, ref) < 1e-2
+    if form == "prefix" and kernel == "native":  # the text tail is the norm's output as it is
+        assert torch.equal(fused[:, s - text :], eager[:, s - text :])
+
+
+@pytest.mark.parametrize("case", ["tail-rotated-too", "gap", "tail-read-twice"])
+def test_prefix_near_misses_are_left_alone(case):
+    d, s, text = 16, 9, 3
+    norm = torch.nn.RMSNorm(d, eps=1e-6)
+    x = torch.randn(1, s, 2, d)
+    cos, sin = head_tables(s - text, d)
+    fns = {
+        # the tail gets its own (different) rotation: not the identity the fused op would apply
+        "tail-rotated-too": lambda n: torch.cat([per_head_rope(n[:, :-text], cos, sin),
+                                                 per_head_rope(n[:, -text:], cos[:text], sin[:text])], 1),
+        # a token dropped between the rotated part and the tail
+        "gap": lambda n: torch.cat([per_head_rope(n[:, : s - text], cos, sin), n[:, s - text + 1 :]], 1),
+        "tail-read-twice": lambda n: torch.cat([per_head_rope(n[:, :-text], cos, sin), n[:, -text:]], 1) + n.sum(),
+    }  # fmt: skip
+
+    def fn(x, cos, sin):
+        return fns[case](norm(x))
 
     with torch.no_grad():
         gm = AtenGraph(fn, x, cos, sin)
