@@ -182,7 +182,12 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    out = step()
+    try:
+        out = step()
+    except Exception as e:  # diffusers' _flash_3 refuses a mask: the two-line stack cannot run this model
+        if mode == "stock-fa3" and "attn_mask" in str(e):
+            return {"workload": workload, "mode": mode, "skipped": "n/a: diffusers' _flash_3 takes no attention mask"}
+        raise
     sync()
     first_call = time.perf_counter() - t0
     times = measure(step, device, steps, warmup)
@@ -288,7 +293,7 @@ def main() -> int:
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
-    return 1 if any("error" in r for r in results) else 0
+    return 1 if any("error" in r for r in results) else 0  # a skipped mode (no GPU, no mask support) is not one
 
 
 def print_table(results: list[dict]) -> None:

@@ -19,7 +19,7 @@
 #   e2e        bench/e2e.py on W1, then W2 (E2E_WORKLOADS, E2E_MODES), with a profile of the modes in E2E_PROFILE (default
 #              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
 #   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
-#              stock, stock-fa3, omni (W5, W5_MODES)
+#              stock, stock-fa3, omni (W5, W5_MODES, or W5_MODES_W5_ltx / W5_MODES_W5_hunyuan for one of them)
 #   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
@@ -85,7 +85,8 @@ for stage in "$@"; do
       # HunyuanVideo (one process each: 13B random weights, compile, steps) take about 6 minutes
       for w in ${W5:-W5-ltx W5-hunyuan}; do
         t=280; [ "$w" = W5-hunyuan ] && t=420
-        run "e2e_$w" "$t" python3 -P bench/e2e.py --workloads "$w" --modes "${W5_MODES:-stock,stock-fa3,omni}" \
+        own="W5_MODES_${w//-/_}"  # e.g. W5_MODES_W5_hunyuan: this workload's modes
+        run "e2e_$w" "$t" python3 -P bench/e2e.py --workloads "$w" --modes "${!own:-${W5_MODES:-stock,stock-fa3,omni}}" \
           --profile-modes omni --json "$OUT/e2e_$w.json"
       done ;;
     artifact)
