@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import omni_compile.ops  # noqa: F401  (omni_compile::linear_parts)
 from omni_compile.inspect.profile import profile_step, timeline
 
 
@@ -19,11 +20,13 @@ def test_gemm_table_groups_by_shape_and_counts_nested_ops_once():
         lin(a)  # aten::linear -> aten::addmm: one row, once
         torch.bmm(a[None].expand(2, 64, 32), b[None].expand(2, 32, 16))
         torch.mm(a, b, out=torch.empty(64, 16))  # the out= form Inductor's extern kernels call
+        torch.ops.omni_compile.linear_parts([a, a[:, :8]], torch.randn(40, 16), bias)  # addmm, then addmm_ in place
 
     rows = {(r["op"], r["shape"]): r for r in profile_step(step, "cpu")["gemms"]}
     assert {k: r["calls"] for k, r in rows.items()} == {
         ("mm", "64x32x16"): 4,
-        ("addmm", "64x32x16"): 1,
+        ("addmm", "64x32x16"): 2,
+        ("addmm_", "64x8x16"): 1,
         ("addmm", "64x32x48"): 1,
         ("bmm", "2x64x32x16"): 1,
     }

@@ -28,6 +28,7 @@ GAP_US = 5.0  # idle device time between two kernels counted as a gap (launch la
 GEMM_OPS = {
     "aten::mm": lambda s: (1, s[0][0], s[0][1], s[1][1]),
     "aten::addmm": lambda s: (1, s[1][0], s[1][1], s[2][1]),
+    "aten::addmm_": lambda s: (1, s[1][0], s[1][1], s[2][1]),  # accumulating in place (omni_compile::linear_parts)
     "aten::_addmm_activation": lambda s: (1, s[1][0], s[1][1], s[2][1]),
     "aten::bmm": lambda s: (s[0][0], s[0][1], s[0][2], s[1][2]),
     "aten::baddbmm": lambda s: (s[1][0], s[1][1], s[1][2], s[2][2]),
