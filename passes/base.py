@@ -150,13 +150,28 @@ class PatternPass(OmniPass):
         extra_check: Callable | None = None,
         scalar_workaround: dict[str, float] | None = None,
         skip_duplicates: bool = True,
+        recheck: bool = True,
     ) -> None:
         """`skip_duplicates=False` keeps a pattern that equals an earlier one but for literals that the first
-        comparison ignores (ints, bools, dtypes) and torch's re-check at the match's shapes compares."""
+        comparison ignores (ints, bools, dtypes) and torch's re-check at the match's shapes compares.
+
+        `recheck=False`: no such re-check (torch's `register_replacement` re-traces the search function with
+        the match's values and compares every literal); `extra_check` alone decides. For chains whose only
+        literals the check already reads: a float such as eps is rendered differently by torch releases (torch
+        2.11's graphs hold `1e-05` where its re-trace does not; 2.13 rounds it to fp32 in both), and a literal
+        compare then misses a real match."""
         for fn in (search_fn, replace_fn, extra_check):
             if fn is not None:
                 self._extra_sources.append(_source(fn))
         self._extra_sources.append(repr([(getattr(t, "dtype", t), getattr(t, "shape", None)) for t in example_inputs]))
+        if not recheck:
+            self._extra_sources.append("recheck=False")
+            self._pending.append(
+                lambda: _register_without_recheck(
+                    self.patterns, search_fn, replace_fn, example_inputs, extra_check, scalar_workaround
+                )
+            )
+            return
         self._pending.append(
             lambda: register_replacement(
                 search_fn,
@@ -207,6 +222,28 @@ class PatternPass(OmniPass):
     def apply(self, graph: torch.fx.Graph) -> int:
         self.materialize()
         return self.patterns.apply(graph)
+
+
+def _register_without_recheck(patterns, search_fn, replace_fn, example_inputs, extra_check, scalar_workaround):
+    """The search function's pattern (ints, floats, dtypes and bools ignored) with `extra_check`, replaced by
+    `replace_fn` traced on the match's tensors, its other arguments (eps, ...) bound as constants."""
+    import inspect
+
+    from torch._inductor.pattern_matcher import gen_pattern, register_graph_pattern
+
+    names = list(inspect.signature(replace_fn).parameters)
+
+    def handler(match, *args, **kwargs):
+        bound = {n: match.kwargs.get(n) for n in names}
+        tensors = [n for n in names if isinstance(bound[n], torch.fx.Node)]
+
+        def replacement(*values):
+            return replace_fn(**{**bound, **dict(zip(tensors, values))})
+
+        match.replace_by_example(replacement, [bound[n] for n in tensors])
+
+    pattern = gen_pattern(search_fn, example_inputs, _trace_like_post_grad, scalar_workaround)
+    register_graph_pattern(pattern, extra_check=extra_check or (lambda match: True), pass_dict=patterns)(handler)
 
 
 @functools.cache

@@ -11,7 +11,9 @@ for fp32/bf16/fp16 inputs and any eps, and also a surviving `aten._fused_rms_nor
 produces one `omni_compile::rms_norm` call whose native implementation rounds exactly where the
 matched chain rounds, so the rewrite changes no value. `extra_check` guards that the mean reduces
 the last dimension only, the power is 2, the weight covers that dimension, and the dtypes are those
-the variant was traced with (the dtype decides which rounding convention the chain encodes).
+the variant was traced with (the dtype decides which rounding convention the chain encodes). Those
+checks read every literal of the chain, so the patterns are registered without torch's literal re-check
+(`recheck=False`): eps matches however the torch release renders it.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def _dtype_check(traced_x: torch.dtype, weight_ok=None):
     """
 
     def check(match: Match) -> bool:
-        # The matcher re-checks with literal arguments folded in; anything not a node is not our chain.
+        # anything not a node is not our chain
         names = ("x", "weight") if weight_ok is not None else ("x",)
         if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in names):
             return False
@@ -106,9 +108,18 @@ def _dtype_check(traced_x: torch.dtype, weight_ok=None):
             return False
         if not isinstance(match.kwargs.get("eps"), float):
             return False
+        out_dtype = x.dtype
         if weight_ok is not None:
             w = match.kwargs["weight"].meta["val"]
             if not weight_ok(x.dtype, w.dtype) or tuple(w.shape) != (x.shape[-1],):
+                return False
+            if weight_ok is _cast_first_weight:
+                out_dtype = w.dtype
+        # the chain's casts (their dtype literals are not compared): the result has the dtype the op returns
+        if match.output_node().meta["val"].dtype != out_dtype:
+            return False
+        for node in match.nodes:  # the statistics are taken in fp32
+            if node.target == aten.mean.dim and node.meta["val"].dtype != torch.float32:
                 return False
         return _reduces_last_dim_only(match)
 
@@ -145,22 +156,20 @@ class RMSNormPass(PatternPass):
             w = torch.empty(8, dtype=x_dtype)
             if "torch" in semantics:
                 for x in _examples(x_dtype):
-                    self.register(
-                        torch_rms_norm, fused_rms_norm, [x, w, 1e-6], _dtype_check(x_dtype, _torch_weight), eps
-                    )
-                    self.register(
-                        torch_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], _dtype_check(x_dtype), eps
-                    )
+                    self.register(torch_rms_norm, fused_rms_norm, [x, w, 1e-6], _dtype_check(x_dtype, _torch_weight),
+                                  eps, recheck=False)  # fmt: skip
+                    self.register(torch_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], _dtype_check(x_dtype),
+                                  eps, recheck=False)  # fmt: skip
             if "diffusers" in semantics:
                 x = torch.empty(2, 4, 8, dtype=x_dtype)
                 half_w = torch.empty(8, dtype=torch.bfloat16)
                 check = _dtype_check(x_dtype, _cast_first_weight)
-                self.register(diffusers_rms_norm, fused_rms_norm_cast_first, [x, half_w, 1e-6], check, eps)
+                self.register(diffusers_rms_norm, fused_rms_norm_cast_first, [x, half_w, 1e-6], check, eps, recheck=False)
                 if x_dtype == torch.float32:  # fp32 all through: both roundings are the same, the torch flag
                     check = _dtype_check(x_dtype, _fp32_weight)
-                    self.register(diffusers_rms_norm, fused_rms_norm, [x, w, 1e-6], check, eps)
+                    self.register(diffusers_rms_norm, fused_rms_norm, [x, w, 1e-6], check, eps, recheck=False)
                 check = _dtype_check(x_dtype)
-                self.register(diffusers_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], check, eps)
+                self.register(diffusers_rms_norm_no_weight, fused_rms_norm_no_weight, [x, 1e-6], check, eps, recheck=False)
         if "torch" in semantics:
             self._register_fused_aten_op()
 
