@@ -119,18 +119,25 @@ def interleaved_forms(cbw: bool) -> tuple:
     return interleaved_norm_rope, interleaved_fused
 
 
+def _x_and_weight_ok(match: Match, traced: torch.dtype, rank: int) -> bool:
+    """x, cos and sin are graph tensors; x has the rank, an even last dim and a dtype of the traced chain's kind
+    (fp32 chains have no casts; half-precision ones do); eps is a float; the weight, if any, is [last dim]."""
+    if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "cos", "sin")):
+        return False
+    x = match.kwargs["x"].meta["val"]
+    if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced == torch.float32):
+        return False
+    if x.dim() != rank or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
+        return False
+    w = match.kwargs.get("weight")
+    return w is None or (isinstance(w, torch.fx.Node) and tuple(w.meta["val"].shape) == (x.shape[-1],))
+
+
 def _interleaved_check(traced: torch.dtype):
     def check(match: Match) -> bool:
-        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "cos", "sin")):
+        if not _x_and_weight_ok(match, traced, rank=3):
             return False
         x = match.kwargs["x"].meta["val"]
-        if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced == torch.float32):
-            return False
-        if x.dim() != 3 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
-            return False
-        w = match.kwargs.get("weight")
-        if w is not None and (not isinstance(w, torch.fx.Node) or tuple(w.meta["val"].shape) != (x.shape[-1],)):
-            return False
         for node in match.nodes:
             if node.target == torch.ops.omni_compile.rms_norm.default and len(node.users) != 2:
                 return False  # the rotation's two reads, nothing else
@@ -174,16 +181,9 @@ def _flux_check(traced: torch.dtype, joint: bool):
 
 def _prefix_check(traced: torch.dtype):
     def check(match: Match) -> bool:
-        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "cos", "sin")):
+        if not _x_and_weight_ok(match, traced, rank=4):
             return False
         x = match.kwargs["x"].meta["val"]
-        if (x.dtype == torch.float32) != (traced == torch.float32) or x.dtype not in DTYPES:
-            return False
-        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
-            return False
-        w = match.kwargs.get("weight")
-        if w is not None and (not isinstance(w, torch.fx.Node) or tuple(w.meta["val"].shape) != (x.shape[-1],)):
-            return False
         seq, head = x.shape[1], match.kwargs["cos"].meta["val"].shape[0]
         if not 0 < head < seq:
             return False

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from omni_compile.passes.cat_gemm import CatGemmPass
 
 from conftest import rel_l2
-from test_passes import AtenGraph, targets
+from test_passes import AtenGraph, targets, with_and_without
 
 
 def apply(fn, *args):
@@ -155,22 +155,6 @@ def test_linear_parts_on_cuda_against_float64():
 @pytest.mark.compile
 def test_through_inductor_on_flux_tiny(fresh_dynamo, no_inductor_cache):
     """The single block's proj_out becomes one linear_parts call; values as close to eager as without."""
-    import omni_compile
-    from omni_compile.config import CompileConfig, ShapeBucket
-    from omni_compile.models import resolve_model
-
-    spec = resolve_model("flux-tiny")
-    model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
-    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("64x64"), dtype=torch.bfloat16, device="cuda",
-                                         text_len=spec.text_len, seed=1)  # fmt: skip
-    with torch.no_grad():
-        ref = model(**inputs)[0]
-        omni_compile.compile(model, CompileConfig(passes=["-cat_gemm"]))
-        without = model(**inputs)[0]
-        omni_compile.uncompile(model)
-        torch._dynamo.reset()
-        omni_compile.compile(model)
-        out = model(**inputs)[0]
-    records = omni_compile.compile_state(model).records
+    ref, without, out, records = with_and_without("flux-tiny", "64x64", "cat_gemm")
     assert {r.region: r.passes["cat_gemm"] for r in records} == {"FluxTransformerBlock": 0, "FluxSingleTransformerBlock": 1}
     assert rel_l2(out, ref) < max(2 * rel_l2(without, ref), 1e-2)

@@ -15,7 +15,7 @@ from omni_compile.passes import PassLog, PassManager
 from omni_compile.platform import current_platform
 
 from conftest import rel_l2
-from test_passes import AtenGraph, fired, targets
+from test_passes import AtenGraph, fired, targets, with_and_without
 
 ACT = "aten._addmm_activation.default"
 CONFIG = CompileConfig(passes=["-lower_fused_ops"])
@@ -145,23 +145,7 @@ def test_near_misses_are_left_alone(case, as_if_cuda):
 ])  # fmt: skip
 def test_through_inductor_on_the_tiny_presets(preset, shape, expected, fresh_dynamo, no_inductor_cache):
     """Every FFN's tanh-GELU (FLUX: the double block's two FFNs and the single block's MLP; Wan: its FFN)."""
-    import omni_compile
-    from omni_compile.config import ShapeBucket
-    from omni_compile.models import resolve_model
-
-    spec = resolve_model(preset)
-    model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
-    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.bfloat16, device="cuda",
-                                         text_len=spec.text_len, seed=1)  # fmt: skip
-    with torch.no_grad():
-        ref = model(**inputs)[0]
-        omni_compile.compile(model, CompileConfig(passes=["-gemm_gelu"]))
-        without = model(**inputs)[0]
-        omni_compile.uncompile(model)
-        torch._dynamo.reset()
-        omni_compile.compile(model)
-        out = model(**inputs)[0]
-    records = omni_compile.compile_state(model).records
+    ref, without, out, records = with_and_without(preset, shape, "gemm_gelu")
     assert {r.region: r.passes["gemm_gelu"] for r in records} == expected
     # no further from eager than the same compile without the pass (bf16 rounding: one rounding fewer)
     assert rel_l2(out, ref) < max(2 * rel_l2(without, ref), 1e-2)

@@ -73,6 +73,28 @@ def targets(gm):
     return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
 
 
+def with_and_without(preset: str, shape: str, pass_name: str, device: str = "cuda"):
+    """A tiny preset in bf16 on `device`: its eager output, the output compiled without `pass_name`, the
+    output compiled with every default pass, and the last compile's records."""
+    import omni_compile
+    from omni_compile.config import CompileConfig, ShapeBucket
+    from omni_compile.models import resolve_model
+
+    spec = resolve_model(preset)
+    model = spec.load(dtype=torch.bfloat16, device=device, seed=0)
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.bfloat16, device=device,
+                                         text_len=spec.text_len, seed=1)  # fmt: skip
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+        omni_compile.compile(model, CompileConfig(passes=[f"-{pass_name}"]))
+        without = model(**inputs)[0]
+        omni_compile.uncompile(model)
+        torch._dynamo.reset()
+        omni_compile.compile(model)
+        out = model(**inputs)[0]
+    return ref, without, out, omni_compile.compile_state(model).records
+
+
 def rms64(x, w, eps):
     xd = x.double()
     y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)

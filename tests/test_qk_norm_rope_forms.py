@@ -67,6 +67,16 @@ def test_interleaved_rope_over_all_heads_becomes_one_op(dtype, kernel, monkeypat
     assert rel_l2(fused, eager) < tol and rel_l2(fused, ref) < tol
 
 
+def assert_left_alone(fn, *args):
+    """The passes leave `fn`'s graph without a qk_norm_rope, and its values as they were."""
+    with torch.no_grad():
+        gm = AtenGraph(fn, *args)
+        before = fn(*args)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert "qk_norm_rope" not in fired(log) and ROPE not in targets(gm)
+        assert rel_l2(gm(*args), before) < 1e-6
+
+
 @pytest.mark.parametrize("case", ["per-sample-tables", "norm-used-elsewhere"])
 def test_near_misses_are_left_alone(case):
     c = 32
@@ -82,12 +92,7 @@ def test_near_misses_are_left_alone(case):
             n = norm(x)
             return interleaved_rope(n, cos, sin) + n
 
-    with torch.no_grad():
-        gm = AtenGraph(fn, x, cos, sin)
-        before = fn(x, cos, sin)
-        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
-        assert "qk_norm_rope" not in fired(log) and ROPE not in targets(gm)
-        assert rel_l2(gm(x, cos, sin), before) < 1e-6
+    assert_left_alone(fn, x, cos, sin)
 
 
 def per_head_rope(x, cos, sin):
@@ -177,9 +182,4 @@ def test_prefix_near_misses_are_left_alone(case):
     def fn(x, cos, sin):
         return fns[case](norm(x))
 
-    with torch.no_grad():
-        gm = AtenGraph(fn, x, cos, sin)
-        before = fn(x, cos, sin)
-        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
-        assert "qk_norm_rope" not in fired(log) and ROPE not in targets(gm)
-        assert rel_l2(gm(x, cos, sin), before) < 1e-6
+    assert_left_alone(fn, x, cos, sin)
