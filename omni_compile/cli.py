@@ -295,7 +295,8 @@ def _print_summary(console, report, out) -> None:
         console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
     for role, res in report["attention"]["per_role"].items():
         console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
-    console.print(f"wrote {out}/build_report.json" + (", inductor_cache.bin" if report["compiler"]["cache_bundle"] else ""))
+    bundle = ", inductor_cache.bin" if report["compiler"]["cache_bundle"] else ""
+    console.print(f"wrote {out}/build_report.json{bundle}")
 
 
 def _cmd_models(console) -> int:

@@ -78,7 +78,8 @@ def test_models_and_passes_lists(subprocess_env):
 @pytest.mark.compile
 def test_build_then_warm_start(flux_jit_build, subprocess_env, tmp_path):
     cold_out, warm_out = flux_jit_build.path, tmp_path / "warm"
-    assert "compiled FluxTransformerBlock" in flux_jit_build.stderr and "wrote" in flux_jit_build.stderr  # progress, summary
+    progress = flux_jit_build.stderr
+    assert "compiled FluxTransformerBlock" in progress and "wrote" in progress  # progress and summary
     report = flux_jit_build.report
     assert report["compilations"]["region_compiles"] == 2 and report["compilations"]["cache_hits"] == 0
     assert report["compilations"]["dynamo_graphs"] == 2 and report["compilations"]["aot_compiles"] == 0
@@ -94,7 +95,8 @@ def test_build_then_warm_start(flux_jit_build, subprocess_env, tmp_path):
     assert report["buckets"] == [{"bucket": "64x64", "first_call_seconds": report["buckets"][0]["first_call_seconds"],
                                   "region_compiles": 2}]  # fmt: skip
     implementations = report["fused_op_implementations"]
-    assert {op: r["implementation"] for op, r in implementations.items()} == {"rms_norm_rope": "native", "adaln": "native"}
+    assert {op: r["implementation"] for op, r in implementations.items()} == {"rms_norm_rope": "native",
+                                                                              "adaln": "native"}  # fmt: skip
     assert {op: r["count"] for op, r in implementations.items()} == {"rms_norm_rope": 4, "adaln": 5}
     assert "not on cpu" in implementations["adaln"]["reason"]
     bundle = report["compiler"]["cache_bundle"]

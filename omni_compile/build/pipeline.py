@@ -98,7 +98,8 @@ class BuildPipeline:
             from omni_compile.weights import apply_transforms
 
             self.transformed = apply_transforms(self.model, transforms)
-            self.events.on_stage("weight transforms: " + ", ".join(f"{n} ({k} modules)" for n, k in self.transformed.items()))
+            done = ", ".join(f"{n} ({k} modules)" for n, k in self.transformed.items())
+            self.events.on_stage(f"weight transforms: {done}")
 
     def find_regions(self) -> None:
         """The repeated blocks (`graphs.find_regions`) and what the compiler compiles of the model."""

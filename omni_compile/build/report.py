@@ -46,7 +46,8 @@ def model_summary(spec, model) -> dict[str, Any]:
     config = model_config(model)
     config_json = json.dumps(spec.config if config is None else config, sort_keys=True, default=str)
     return {"source": spec.source, "family": spec.adapter.family, "class": spec.adapter.model_class().__name__,
-            "config": json.loads(config_json), "config_hash": hashlib.sha256(config_json.encode()).hexdigest()}  # fmt: skip
+            "config": json.loads(config_json),
+            "config_hash": hashlib.sha256(config_json.encode()).hexdigest()}  # fmt: skip
 
 
 def build_report(build) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def manifest(build, targets: list[aot.Target], records: dict[str, aot.CallRecord
         "pass_uuid": pm.uuid(),
         "regions": regions,
         "attention": {"config": pm.attention_config.to_json(), "per_role": total["attention"],
-                      "backends": sorted({r["implementation"] for cf in compiled.values() for r in cf.attention.values()})},
+                      "backends": sorted({r["implementation"] for c in done for r in c["attention"].values()})},
         "fusion": {"passes": pm.enabled, "matches": total["matches"],
                    "fused_op_implementations": total["fused_op_implementations"]},  # fmt: skip
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -75,4 +75,5 @@ def _weights_reference(spec, opts) -> dict[str, Any]:
         return {"reference": f"random seed {opts.seed}", "seed": opts.seed}
     root = Path(spec.source)
     files = sorted(root.rglob("*.safetensors")) if root.is_dir() else []
-    return {"reference": str(root), "files": [{"path": str(f.relative_to(root)), "sha256": sha256_file(f)} for f in files]}
+    return {"reference": str(root),
+            "files": [{"path": str(f.relative_to(root)), "sha256": sha256_file(f)} for f in files]}
