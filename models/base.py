@@ -87,7 +87,7 @@ class ModelSpec:
     config: dict[str, Any] = field(default_factory=dict)
     text_len: int | None = None
     default_shapes: str | None = None
-    default_dtype: str | None = None  # None: bf16 on an accelerator, fp32 on the CPU (builder.resolve_build)
+    default_dtype: str | None = None  # None: bf16 on an accelerator, fp32 on the CPU (build.session.BuildSession.resolve)
     default_device: str | None = None
     # Builds the module; takes (dtype, device, seed).
     loader: Callable[..., nn.Module] | None = None

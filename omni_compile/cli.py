@@ -190,7 +190,7 @@ def _cmd_build(args, console) -> int:
         _print_artifact_summary(console, Manifest.from_json(report), out)
     else:
         _print_summary(console, report, out)
-        st = report.get("store")
+        st = report["compiler"]["store"]
         if st:
             state = "reachable" if st["reachable"] else "unreachable, not used"
             console.print(f"store {st['url']} (Inductor's remote caches, {state}): FX graph cache "
@@ -283,17 +283,20 @@ def _print_summary(console, report, out) -> None:
             ", ".join(f"{k}={v}" for k, v in r["matches"].items()) or "-",
         )
     console.print(t)
-    tot = report["totals"]
+    n, tm = report["compilations"], report["timing"]
     console.print(
-        f"{tot['regions']} regions, {tot['region_compiles']} compiles ({tot['cache_hits']} cache hits), "
-        f"{tot['compile_seconds']:.1f}s compiling, {tot['wall_seconds']:.1f}s total; "
+        f"{len(report['regions'])} regions, {n['region_compiles']} compiles ({n['cache_hits']} cache hits), "
+        f"{tm['compile_seconds']:.1f}s compiling, {tm['wall_seconds']:.1f}s total; "
         f"buckets: " + ", ".join(f"{b['bucket']} {b['first_call_seconds']:.2f}s" for b in report["buckets"])
+        + "; parity vs eager: "
+        + ", ".join(f"{k} rel L2 {v['rel_l2_vs_eager']:.1e}" for k, v in report["parity"]["buckets"].items())
     )
     for name, res in report["fused_op_implementations"].items():
         console.print(f"fused op {name}: {res['implementation']} x{res['count']} ({res['reason']})")
     for role, res in report["attention"]["per_role"].items():
         console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
-    console.print(f"wrote {out}/build_report.json" + (", inductor_cache.bin" if report.get("cache_bundle") else ""))
+    bundle = ", inductor_cache.bin" if report["compiler"]["cache_bundle"] else ""
+    console.print(f"wrote {out}/build_report.json{bundle}")
 
 
 def _cmd_models(console) -> int:

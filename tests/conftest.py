@@ -157,9 +157,34 @@ def flux_artifact(tmp_path_factory, subprocess_env) -> BuiltArtifact:
         assert not changed, f"a test changed the session's {d.name} (copy it to change it): {changed[:10]}"
 
 
+class BuiltJit(NamedTuple):
+    path: Path  # the output directory: build_report.json, inductor_cache.bin
+    report: dict  # its build_report.json
+    stderr: str  # the build's progress and summary
+
+
+@pytest.fixture(scope="session")
+def flux_jit_build(tmp_path_factory, subprocess_env) -> BuiltJit:
+    """flux-tiny built JIT (`omni-compile build --mode jit`) at 64x64, once per session, in a subprocess with
+    its own empty Inductor cache (two region compiles, under a minute on 2 CPU cores). Shared by
+    tests/test_cli.py (the warm start from its bundle) and tests/test_build_pipeline.py (the report schema).
+    Read-only."""
+    import json
+
+    root = tmp_path_factory.mktemp("flux-jit")
+    out = root / "cold"
+    env = dict(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
+    proc = subprocess.run([sys.executable, "-P", "-m", "omni_compile.cli", "build", "flux-tiny", "--mode", "jit",
+                           "--shapes", "64x64", "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name for p in root.iterdir() if ".partial-" in p.name] == []
+    return BuiltJit(out, json.loads((out / "build_report.json").read_text()), proc.stderr)
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
 
 
-__all__ = ["FLUX_ARTIFACT_BUCKETS", "BackgroundRun", "BuiltArtifact", "rel_l2", "selected", "omni_compile"]
+__all__ = ["FLUX_ARTIFACT_BUCKETS", "BackgroundRun", "BuiltArtifact", "BuiltJit", "rel_l2", "selected", "omni_compile"]

@@ -253,10 +253,12 @@ def test_jit_mode_shares_inductor_remote_caches_through_redis(tmp_path, redis_ur
     client = open_store(redis_url).client
     client.flushdb()
     a, _ = _jit(tmp_path, "a", redis_url, subprocess_env)
-    assert a["store"]["reachable"] and a["store"]["fxgraph_cache_miss"] == 2 and a["store"]["fxgraph_cache_hit"] == 0
+    st = a["compiler"]["store"]
+    assert st["reachable"] and st["fxgraph_cache_miss"] == 2 and st["fxgraph_cache_hit"] == 0
     assert client.dbsize() > 0  # torch wrote its entries there
     b, err = _jit(tmp_path, "b", redis_url, subprocess_env)
-    assert b["store"]["fxgraph_cache_hit"] == 2 and b["store"]["fxgraph_cache_miss"] == 0, b["store"]
+    st = b["compiler"]["store"]
+    assert st["fxgraph_cache_hit"] == 2 and st["fxgraph_cache_miss"] == 0, st
     assert "FX graph cache 2 hit(s), 0 miss(es)" in err
     assert "TORCHINDUCTOR_REDIS_URL" not in subprocess_env
 
@@ -264,4 +266,5 @@ def test_jit_mode_shares_inductor_remote_caches_through_redis(tmp_path, redis_ur
 def test_jit_mode_with_unreachable_redis_builds_locally(tmp_path, subprocess_env):
     r, err = _jit(tmp_path, "a", "redis://127.0.0.1:1/0?timeout=1", subprocess_env)
     assert "warning:" in err and "compiling with the local Inductor caches only" in err
-    assert r["store"]["reachable"] is False and r["store"]["fxgraph_cache_miss"] == 2
+    st = r["compiler"]["store"]
+    assert st["reachable"] is False and st["fxgraph_cache_miss"] == 2

@@ -188,7 +188,7 @@ def test_artifact_matches_equal_build_report(artifact_inspection):
     assert report["buckets"] == FLUX_ARTIFACT_BUCKETS and len(FLUX_ARTIFACT_BUCKETS) == 2
     _check_diffs(report)
     build = json.loads((art / "report" / "build_report.json").read_text())
-    per_file = {(f["region"], Path(f["file"]).stem): f["passes"] for f in build["files"]}
+    per_file = {(c["region"], Path(c["file"]).stem): c["passes"] for r in build["regions"] for c in r["compiles"]}
     total = {}
     for region in report["regions"]:
         for g in region["graphs"]:
@@ -204,7 +204,7 @@ def test_artifact_matches_equal_build_report(artifact_inspection):
                 assert (d / f"{p['index']}.{p['name']}.before.py").is_file()
             for name, n in g["matches"].items():
                 total[name] = total.get(name, 0) + n
-    assert total == build["fusion"]["matches"]
+    assert total == build["passes"]["matches"]
     assert sum(total[n] for n in FUSION) > 0
     kinds = {r["kind"] for r in report["regions"]}
     assert kinds == {"block", "glue"}

@@ -1,15 +1,12 @@
-"""Prebuilt artifacts: `build_artifact` writes one, `load` runs it with no compilation (docs/artifact.md)."""
+"""Prebuilt artifacts: the ahead-of-time compile of a region (`aot`), the manifest, `load` (runs one with no
+compilation) and `verify` (docs/artifact.md). `omni_compile.build` writes them (`build.compilers.aot`)."""
 
 from omni_compile.artifact.manifest import MANIFEST, SCHEMA, ArtifactError
 
-__all__ = ["MANIFEST", "SCHEMA", "ArtifactError", "build_artifact", "load", "verify"]
+__all__ = ["MANIFEST", "SCHEMA", "ArtifactError", "load", "verify"]
 
 
 def __getattr__(name: str):
-    if name == "build_artifact":
-        from omni_compile.artifact.build import build_artifact
-
-        return build_artifact
     if name in ("load", "verify"):
         from omni_compile.artifact import loader as _load
 

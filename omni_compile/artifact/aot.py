@@ -130,6 +130,10 @@ class CallRecorder:
         self._handles.clear()
         return False
 
+    def compiles(self) -> int:
+        """Distinct calls recorded so far: one compiled file each (a `build.compilers.base.Tracer`)."""
+        return sum(len(rec.keys) for rec in self.records.values())
+
     def _end_trace(self, module, *_):
         if self._tracing is not None and self._tracing[0] is module:
             _, rec, sig, trace = self._tracing

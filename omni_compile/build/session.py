@@ -31,9 +31,9 @@ class BuildOptions:
     compile: CompileConfig = field(default_factory=CompileConfig)
     cache_from: str | None = None
     store: str | None = None  # aot: file://PATH or redis://... store of compiled files; jit: Inductor's remote caches (redis)
-    format: str | None = None  # aot mode: "aoti-package" or "inductor-standalone" (None: by device, aot.FORMATS)
+    format: str | None = None  # aot mode: "aoti-package" or "inductor-standalone" (None: by device; build.compilers)
     force: bool = False
-    mode: str = "aot"  # "aot": a prebuilt artifact (docs/artifact.md); "jit": report + Inductor cache bundle
+    mode: str = "aot"  # "aot": a prebuilt artifact; "jit": report + Inductor cache bundle (build.compilers.select)
     parity: str = "auto"  # aot: "auto" skips the check when the store's publishers checked every file; "always"
 
 

@@ -93,9 +93,12 @@ def inspect_artifact(root: Path) -> dict[str, Any]:
         raise ConfigError(f"{root} holds no inspection dumps (report/{DUMPS}/): it was built by an omni-compile "
                           "without them; rebuild it, or inspect the model with --shapes")  # fmt: skip
     report_path = root / "report" / "build_report.json"
-    files = {}
+    files = {}  # file -> its compile in the build report
     if report_path.is_file():
-        files = {f["file"]: f for f in json.loads(report_path.read_text()).get("files", [])}
+        report = json.loads(report_path.read_text())
+        # build-report/2: the regions' compiles; artifact-report/1 (artifacts built before it): a list of files
+        compiles = report.get("files") or [c for r in report.get("regions", []) for c in r.get("compiles", [])]
+        files = {c["file"]: c for c in compiles if "file" in c}
     regions = []
     for r in manifest.regions:
         by_sig: dict[str, dict] = {}
@@ -230,20 +233,20 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
 
         on_stage("Dynamo view: decompiled entry points, graph breaks")
         dynamo = dynamo_view(state, examples.calls, recompiles)
-    from omni_compile.builder import build_report
+    from omni_compile.build.report import summarize
 
-    report = build_report(build, model, state, [], 0.0, None, compile_seconds)
+    total = summarize([rec.to_json() for rec in state.records])
     return {
         "schema": SCHEMA,
         "target": {"kind": "model", "source": spec.source},
-        "model": {k: report["model"][k] for k in ("source", "family", "class")},
+        "model": {"source": spec.source, "family": spec.adapter.family, "class": spec.adapter.model_class().__name__},
         "dtype": dtype_name(dtype),
         "device": device,
         "buckets": [str(b) for b in buckets],
-        "platform": report["platform"],
-        "passes": report["passes"],
-        "attention": report["attention"]["per_role"],
-        "fused_op_implementations": report["fused_op_implementations"],
+        "platform": state.platform.to_json(),
+        "passes": {"enabled": state.pass_manager.enabled, "uuid": state.pass_uuid, "matches": total["matches"]},
+        "attention": total["attention"],
+        "fused_op_implementations": total["fused_op_implementations"],
         "regions": regions,
         "dynamo": dynamo,
         "profile": profile,
