@@ -21,6 +21,11 @@ import omni_compile
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tiers: `unit` is every test marked neither `compile` (an Inductor compile, a build) nor `gpu`:
+    # `pytest -m unit tests` is the fast tier, `-m compile` the slow one, `-m gpu` the GPU machine's.
+    for item in items:
+        if "compile" not in item.keywords and "gpu" not in item.keywords:
+            item.add_marker(pytest.mark.unit)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

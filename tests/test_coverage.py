@@ -30,6 +30,7 @@ def test_the_table_covers_eight_classes_without_an_adapter_of_every_kind():
         assert kind in kinds, kind
 
 
+@pytest.mark.compile  # each model through Dynamo and the passes (Inductor's lowering left out)
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_counts_of_the_coverage_table(name, fresh_dynamo, no_inductor_cache):
     cov = _coverage()

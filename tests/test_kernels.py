@@ -480,6 +480,7 @@ def test_kernels_at_model_shapes_on_cuda(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.compile
 def test_triton_ops_inside_torch_compile():
     """Inductor embeds the triton_ops (fullgraph, no graph break) and computes the same values, bit for bit
     (it passes `eps` as fp64: the kernels cast it, or the norms would run in fp64), on several inputs."""
