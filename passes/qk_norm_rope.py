@@ -86,7 +86,10 @@ def prefix_form(cbw: bool):
         n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
         return torch.cat([apply_rotary_emb(n[:, :-2], (cos, sin), sequence_dim=1), n[:, -2:]], dim=1)
 
-    return prefix_norm_rope
+    def prefix_norm_rope_fused(x, weight, cos, sin, eps):
+        return prefix_fused(x, weight, cos, sin, eps, cbw)
+
+    return prefix_norm_rope, prefix_norm_rope_fused
 
 
 def prefix_fused(x, weight, cos, sin, eps, cast_before_weight):
@@ -207,19 +210,6 @@ def _prefix_check(traced: torch.dtype):
     return check
 
 
-def _replace_prefix(match: Match, *args, **kwargs) -> None:
-    # a hand-registered pattern: torch's register_replacement would re-trace the search function with the
-    # match's shapes and compare the slice bounds literally (the model's `:-T` against the trace's `:S`)
-    # (the handler's pattern ignores bool literals: the rounding is read from the matched norm)
-    x, weight, cos, sin, eps = (match.kwargs.get(k) for k in ("x", "weight", "cos", "sin", "eps"))
-    (flag,) = [n.args[3] for n in match.nodes if n.target == torch.ops.omni_compile.rms_norm.default]
-
-    def fused(x, cos, sin, *w):
-        return prefix_fused(x, w[0] if w else None, cos, sin, eps, flag)
-
-    match.replace_by_example(fused, [x, cos, sin] + ([weight] if weight is not None else []))
-
-
 class QKNormRopePass(PatternPass):
     """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan, interleaved over all heads as
     LTX-Video writes it) into `omni_compile::rms_norm_rope`."""
@@ -254,24 +244,12 @@ class QKNormRopePass(PatternPass):
                     self.register(search, replace, example, _flux_check(dtype, joint), sw, **again)
                 self.register(*interleaved_forms(cbw), [xi, wi, ti, ti.clone(), 1e-6], _interleaved_check(dtype), sw,
                               **again)  # fmt: skip
-            self._register_prefix(dtype, [torch.empty(1, 6, 2, 8, dtype=dtype), w, t, t.clone(), 1e-6], sw)
+            # a prefix rotated: without torch's literal re-check, which would compare the slice bounds (the model's
+            # `:-T` against the trace's); the check reads them
+            for cbw in (False, True):
+                self.register(*prefix_form(cbw), [torch.empty(1, 6, 2, 8, dtype=dtype), w, t, t.clone(), 1e-6],
+                              _prefix_check(dtype), sw, recheck=False)  # fmt: skip
         self._register_wan()
-
-    def _register_prefix(self, dtype: torch.dtype, example: list, scalar_workaround: dict) -> None:
-        from torch._inductor.pattern_matcher import gen_pattern, register_graph_pattern
-
-        from omni_compile.passes.base import _source, _trace_like_post_grad
-
-        self._extra_sources += [_source(f) for f in (prefix_form, prefix_fused, _prefix_check, _replace_prefix)]
-        self._extra_sources.append(repr([(getattr(t, "dtype", t), getattr(t, "shape", None)) for t in example]))
-        for cbw in (False, True):  # the rounding flag is a literal the pattern compares
-            self._pending.append(
-                lambda cbw=cbw: register_graph_pattern(
-                    gen_pattern(prefix_form(cbw), example, _trace_like_post_grad, scalar_workaround),
-                    extra_check=_prefix_check(dtype),
-                    pass_dict=self.patterns,
-                )(_replace_prefix)
-            )
 
     def _register_wan(self) -> None:
         # Wan's rotary embedding writes the even and odd halves into an empty tensor; after
