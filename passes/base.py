@@ -155,11 +155,14 @@ class PatternPass(OmniPass):
         """`skip_duplicates=False` keeps a pattern that equals an earlier one but for literals that the first
         comparison ignores (ints, bools, dtypes) and torch's re-check at the match's shapes compares.
 
-        `recheck=False`: no such re-check (torch's `register_replacement` re-traces the search function with
-        the match's values and compares every literal); `extra_check` alone decides. For chains whose only
-        literals the check already reads: a float such as eps is rendered differently by torch releases (torch
-        2.11's graphs hold `1e-05` where its re-trace does not; 2.13 rounds it to fp32 in both), and a literal
-        compare then misses a real match."""
+        With the re-check (torch's `register_replacement` re-traces the search function with the match's
+        values and compares every literal), the arguments named in `scalar_workaround` are traced at their
+        workaround values, so they match any value, as in the first comparison: a float such as eps is rendered
+        differently by torch releases (torch 2.11's graphs hold `1e-05` where its re-trace does not; 2.13
+        rounds it to fp32 in both), and a literal compare would miss a real match. `extra_check` reads them.
+
+        `recheck=False`: no such re-check; `extra_check` alone decides. For chains whose only literals the
+        check already reads (the slice bounds of a prefix, ...), or that must match whatever their ints are."""
         for fn in (search_fn, replace_fn, extra_check):
             if fn is not None:
                 self._extra_sources.append(_source(fn))
@@ -172,9 +175,16 @@ class PatternPass(OmniPass):
                 )
             )
             return
+        # torch's re-check traces the search function again with the match's arguments and compares every
+        # literal; eps is traced at its workaround value instead, where it becomes a keyword again, so eps
+        # matches however the release renders the model's value (torch 2.11's graphs hold `1e-05` where its
+        # re-trace does not: 0 matches for eps 1e-5). The replacement is still traced with the match's eps.
+        pinned = _pinned(search_fn, scalar_workaround) if scalar_workaround else search_fn
+        if scalar_workaround:
+            self._extra_sources.append(f"re-check with {sorted(scalar_workaround.items())}")
         self._pending.append(
             lambda: register_replacement(
-                search_fn,
+                pinned,
                 replace_fn,
                 example_inputs,
                 _trace_like_post_grad,
@@ -222,6 +232,18 @@ class PatternPass(OmniPass):
     def apply(self, graph: torch.fx.Graph) -> int:
         self.materialize()
         return self.patterns.apply(graph)
+
+
+def _pinned(search_fn: Callable, scalar_workaround: dict[str, float]) -> Callable:
+    """`search_fn` with the arguments named in `scalar_workaround` fixed at their workaround values (same
+    signature: torch reads the argument names from it)."""
+    names = list(inspect.signature(search_fn).parameters)
+
+    @functools.wraps(search_fn)
+    def pinned(*args):
+        return search_fn(*(scalar_workaround.get(n, a) for n, a in zip(names, args)))
+
+    return pinned
 
 
 def _register_without_recheck(patterns, search_fn, replace_fn, example_inputs, extra_check, scalar_workaround):
