@@ -13,14 +13,15 @@
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
 #              CUDA libraries from /tmp/fa4libs (a fa4libs call before) into the same package folders
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
-#   tests      GPU tests of the suite (TESTS, default: attention backends vs float64, the measured choice and
+#   tests      GPU tests of the suite (TESTS_MARK, default gpu; TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
 #   e2e        bench/e2e.py on W1, then W2 (E2E_WORKLOADS, E2E_MODES), with a profile of the modes in E2E_PROFILE (default
 #              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
 #   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
 #              stock, stock-fa3, omni (W5, W5_MODES, or W5_MODES_W5_ltx / W5_MODES_W5_hunyuan for one of them)
-#   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs
+#   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs, stock,
+#              omni JIT (ARTIFACT_MODES; ARTIFACT_DIR keeps the artifact)
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
 #   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
@@ -69,7 +70,8 @@ for stage in "$@"; do
         $A::test_attention_pass_on_cuda[FA3_ATTN] $A::test_attention_pass_on_cuda[FA4_ATTN] tests/test_gemm_gelu.py
         tests/test_cuda_graphs.py tests/test_artifact_gpu.py"}
       # shellcheck disable=SC2086
-      run gpu_tests 330 python3 -P -m pytest -q -rfs --tb=short -m gpu $TESTS -p no:cacheprovider --timeout 280
+      MARK=${TESTS_MARK-gpu}  # TESTS_MARK='' runs the named tests whatever their marker (CPU tests under this torch)
+      run gpu_tests 330 python3 -P -m pytest -q -rfs --tb=short ${MARK:+-m "$MARK"} $TESTS -p no:cacheprovider --timeout 280
       tail -3 "$OUT/gpu_tests.txt" ;;
     w3)
       run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \
@@ -90,7 +92,9 @@ for stage in "$@"; do
           --profile-modes omni --json "$OUT/e2e_$w.json"
       done ;;
     artifact)
-      run artifact 540 python3 -P bench/artifact.py --workloads W1,W3 --json "$OUT/artifact.json" ;;
+      # ARTIFACT_MODES (default: all four), ARTIFACT_DIR: keep the built artifact there (a later command reuses it)
+      run artifact 540 python3 -P bench/artifact.py --workloads W1,W3 --modes "${ARTIFACT_MODES:-build,artifact,stock,omni}" \
+        ${ARTIFACT_DIR:+--art "$ARTIFACT_DIR"} --json "$OUT/artifact.json" ;;
     store)
       run store 400 python3 -P bench/store.py --model flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
         --store file:///tmp/w1store/store --modes first,second --keep /tmp/w1store --json "$OUT/store.json" ;;
