@@ -138,11 +138,12 @@ def _serve_parsers(sub) -> None:
 
 
 def _cmd_build(args, console) -> int:
-    from omni_compile.builder import BuildEvents, BuildOptions, build
     from omni_compile.config import compile_config_from_flags, json_arg
     from omni_compile.models import DEFAULT_MODEL
 
-    config = compile_config_from_flags(args)
+    config = compile_config_from_flags(args)  # flag errors before the build machinery (Inductor) is imported
+    from omni_compile.builder import BuildEvents, BuildOptions, build
+
     if args.dump_graphs:
         config.dump_dir = args.dump_graphs
     if args.text_len is not None and args.text_len <= 0:

@@ -106,3 +106,49 @@ GENERIC_MODELS = {
     "chroma": ("diffusers:ChromaTransformer2DModel", CHROMA_TINY, "generic_model:chroma_inputs", "64x64"),
     "qwen-image": ("diffusers:QwenImageTransformer2DModel", QWEN_TINY, "generic_model:qwen_inputs", "64x64"),
 }
+
+
+class MiniBlock(torch.nn.Module):
+    """Pre-norm self-attention with a residual: an RMSNorm, one qkv projection, SDPA, an output projection."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.RMSNorm(dim, eps=1e-6)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.qkv(self.norm(x)).chunk(3, -1))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return x + self.out(a.transpose(1, 2).reshape(b, s, -1))
+
+
+class MiniDiT(torch.nn.Module):
+    """The smallest model a build goes through whole: one block class (two instances) between two glue
+    projections, so three compiled files per bucket (flux-tiny has eight). For tests of a mechanism (a store,
+    a race, a failure mid-build) that any model shows: `generic_model:MiniDiT` with `mini_inputs`."""
+
+    _repeated_blocks = ["MiniBlock"]
+
+    def __init__(self, in_channels: int = 8, dim: int = 32, heads: int = 2, num_layers: int = 2):
+        super().__init__()
+        self.in_channels = in_channels
+        self.proj_in = torch.nn.Linear(in_channels, dim)
+        self.blocks = torch.nn.ModuleList(MiniBlock(dim, heads) for _ in range(num_layers))
+        self.proj_out = torch.nn.Linear(dim, in_channels)
+
+    def forward(self, hidden_states, return_dict: bool = False):
+        x = self.proj_in(hidden_states)
+        for block in self.blocks:
+            x = block(x)
+        return (self.proj_out(x),)
+
+
+def mini_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """A 16x16-patch image's tokens: [B, H/16 * W/16, in_channels]."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = (bucket.height // 16) * (bucket.width // 16)
+    x = torch.randn(bucket.batch, tokens, model.in_channels, generator=g)
+    return {"hidden_states": x.to(device, dtype), "return_dict": False}
