@@ -14,6 +14,11 @@ import torch
 # a kernel module is imported, so it must be set before anything imports omni_compile.ops.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Inductor proves each CPU vector ISA the CPU reports by compiling and loading a probe into its cache directory,
+# about 7 s per process with a fresh one (every "node" of a store test, every build subprocess): the suite takes
+# the CPU's report as is (torch.compile picks the same ISA; the probe only guards a broken toolchain). Read by
+# torch._inductor.config when first imported, and inherited by every subprocess.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest
 
