@@ -71,7 +71,8 @@ for stage in "$@"; do
         tests/test_cuda_graphs.py tests/test_artifact_gpu.py"}
       # shellcheck disable=SC2086
       MARK=${TESTS_MARK-gpu}  # TESTS_MARK='' runs the named tests whatever their marker (CPU tests under this torch)
-      run gpu_tests 330 python3 -P -m pytest -q -rfs --tb=short ${MARK:+-m "$MARK"} $TESTS -p no:cacheprovider --timeout 280
+      # the default set takes about 7 minutes on an H100 (run 16): alone in a call, with TESTS_TIMEOUT=500
+      run gpu_tests "${TESTS_TIMEOUT:-330}" python3 -P -m pytest -q -rfs --tb=short ${MARK:+-m "$MARK"} $TESTS -p no:cacheprovider --timeout 280
       tail -3 "$OUT/gpu_tests.txt" ;;
     w3)
       run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \

@@ -19,6 +19,16 @@ if not torch.cuda.is_available():
 # the CPU's report as is (torch.compile picks the same ISA; the probe only guards a broken toolchain). Read by
 # torch._inductor.config when first imported, and inherited by every subprocess.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# Whether the Triton kernels were imported for the interpreter (fixed when the first kernel module loads).
+TRITON_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def require_triton_interpreter():
+    """Skip a test that runs our Triton kernels on CPU tensors where they were imported for the GPU (a GPU
+    machine: TRITON_INTERPRET unset at import); there their CUDA tests (`-m gpu`) cover them."""
+    if not TRITON_INTERPRETED:
+        pytest.skip("runs Triton kernels on CPU tensors, which needs TRITON_INTERPRET=1 when the kernels are "
+                    "imported (set by tests/conftest.py only without a GPU)")  # fmt: skip
 
 import pytest
 

@@ -12,7 +12,7 @@ import torch
 
 from omni_compile.config import CompileConfig
 
-from conftest import rel_l2
+from conftest import rel_l2, require_triton_interpreter
 from test_passes import AtenGraph, fired, run_passes, targets
 
 ROPE = "omni_compile.rms_norm_rope.default"
@@ -40,6 +40,7 @@ def reference(x, w, cos, sin, eps):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_interleaved_rope_over_all_heads_becomes_one_op(dtype, kernel, monkeypatch):
     if kernel == "triton":
+        require_triton_interpreter()
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     c = 64  # 4 heads of 16
     norm = torch.nn.RMSNorm(c, eps=1e-6).to(dtype)
@@ -130,6 +131,7 @@ def test_per_head_norm_then_rope_in_either_rounding(norm_kind, form, dtype, kern
     """FLUX's form (the whole sequence rotated) and HunyuanVideo's single-stream form (a prefix rotated), with
     torch's RMSNorm or diffusers' (which rounds before the weight in half precision)."""
     if kernel == "triton":
+        require_triton_interpreter()
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     b, s, text, h, d = 2, 11, 4 if form == "prefix" else 0, 3, 16
     norm = make_norm(norm_kind, d, dtype)
