@@ -110,7 +110,9 @@ def pipeline_dir(config: ServeConfig, source: str) -> Path | None:
     )
 
 
-def load_pipeline(config: ServeConfig) -> LoadedPipeline:
+def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPipeline:
+    """The pipeline with the artifact's transformer. `checked`: `artifact.loader.check`'s result for the artifact
+    (`omni-compile serve` checks before it starts): the manifest is read and the files hashed once."""
     from diffusers import FluxPipeline
     from diffusers.utils import logging as dlogging
 
@@ -119,7 +121,7 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
     from omni_compile.models import resolve_model
     from omni_compile.models.flux_pipeline import match_build_call, random_pipeline
 
-    manifest = read_manifest(Path(config.artifact))
+    manifest = checked[0] if checked is not None else read_manifest(Path(config.artifact))
     check_family(manifest, config.artifact)
     device = config.device or manifest.build.device
     dtype = parse_dtype(manifest.build.dtype)
@@ -133,7 +135,8 @@ def load_pipeline(config: ServeConfig) -> LoadedPipeline:
     else:
         weights = resolve_model(str(root / "transformer")).load(dtype=dtype, device=device)
     t1 = time.perf_counter()
-    transformer = omni_compile.load(config.artifact, weights=weights, device=device, jit_fallback=config.jit_fallback)
+    transformer = omni_compile.load(config.artifact, weights=weights, device=device, jit_fallback=config.jit_fallback,
+                                    checked=checked)  # fmt: skip
     t2 = time.perf_counter()
     if root is None:
         pipe = random_pipeline(preset, transformer, dtype=dtype, device=device, seed=seed)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
 import socket
-from pathlib import Path
 
 from omni_compile.errors import ConfigError
 
@@ -112,17 +112,16 @@ def run_serve(args, console) -> int:
     import uvicorn
 
     from omni_compile.artifact.loader import check
-    from omni_compile.artifact.manifest import read_manifest
     from omni_compile.server.app import build_app
-    from omni_compile.server.pipeline import check_family, pipeline_dir
+    from omni_compile.server.pipeline import check_family, load_pipeline, pipeline_dir
 
-    manifest = read_manifest(Path(config.artifact))
-    check_family(manifest, config.artifact)
-    check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)  # platform and sha256s
-    pipeline_dir(config, manifest.model.source)  # a missing pipeline directory is reported before anything loads
+    # the manifest read, the platform compared and the sha256s checked once: the load takes the result
+    checked = check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)
+    check_family(checked[0], config.artifact)
+    pipeline_dir(config, checked[0].model.source)  # a missing pipeline directory is reported before anything loads
     console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
-    app = build_app(config)
+    app = build_app(config, loader=functools.partial(load_pipeline, checked=checked))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=None))  # fmt: skip
     received: list[int] = []

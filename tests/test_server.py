@@ -347,3 +347,29 @@ def test_port_in_use_refused_before_loading(tiny_artifact, subprocess_env):
     )
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and "serving" not in output and "pipeline loaded" not in output
+
+
+def test_start_reads_the_manifest_and_hashes_the_files_once(tiny_artifact, monkeypatch):
+    """What `omni-compile serve` does before and while loading: `check` once, then the pipeline load takes its
+    result; neither reads the manifest nor hashes the files again."""
+    from omni_compile.artifact import loader, manifest
+    from omni_compile.server.config import ServeConfig
+    from omni_compile.server.pipeline import load_pipeline
+
+    calls = {"read": 0, "hash": 0}
+
+    def counting(fn, key):
+        def wrapped(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    for module in (loader, manifest):
+        monkeypatch.setattr(module, "read_manifest", counting(manifest.read_manifest, "read"))
+    monkeypatch.setattr(loader, "verify_files", counting(loader.verify_files, "hash"))
+    checked = loader.check(tiny_artifact, device="cpu")
+    assert calls == {"read": 1, "hash": 1}
+    pipe = load_pipeline(ServeConfig(artifact=str(tiny_artifact), device="cpu"), checked=checked)
+    assert calls == {"read": 1, "hash": 1}
+    assert pipe.pipe.transformer._omni_artifact.manifest is checked[0]

@@ -289,16 +289,19 @@ def load(
     device: str | None = None,
     jit_fallback: bool = False,
     cuda_graphs: bool | None = None,
+    checked: tuple[Manifest, list[str]] | None = None,
 ) -> nn.Module:
     """The model of `artifact` with its regions running the compiled files (see the module docstring).
 
     `weights`: the transformer already in memory (its tensors are used as they are), a diffusers model
     directory, or None for a preset's seeded random weights. `jit_fallback`: on a platform mismatch,
     compile the model with `omni_compile.compile` instead of refusing. `cuda_graphs`: default on for CUDA.
+    `checked`: what `check(artifact, device=..., jit_fallback=...)` returned for it in this process (the
+    server checks before it starts): the manifest is not read and the files are not hashed again.
     """
     root = Path(artifact)
     t0 = time.perf_counter()
-    manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
+    manifest, diffs = checked if checked is not None else check(root, device=device, jit_fallback=jit_fallback)
     check_s = time.perf_counter() - t0
     device = device or manifest.build.device
     model = _model_for(manifest, weights, device, parse_dtype(manifest.build.dtype))
