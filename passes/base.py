@@ -175,12 +175,9 @@ class PatternPass(OmniPass):
                 )
             )
             return
-        # torch's re-check traces the search function again with the match's arguments and compares every
-        # literal; eps is traced at its workaround value instead, where it becomes a keyword again, so eps
-        # matches however the release renders the model's value (torch 2.11's graphs hold `1e-05` where its
-        # re-trace does not: 0 matches for eps 1e-5). The replacement is still traced with the match's eps.
-        pinned = _pinned(search_fn, scalar_workaround) if scalar_workaround else search_fn
+        pinned = search_fn  # the re-check's search function (see above); the replacement takes the match's eps
         if scalar_workaround:
+            pinned = _pinned(search_fn, scalar_workaround)
             self._extra_sources.append(f"re-check with {sorted(scalar_workaround.items())}")
         self._pending.append(
             lambda: register_replacement(

@@ -22,17 +22,27 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # Whether the Triton kernels were imported for the interpreter (fixed when the first kernel module loads).
 TRITON_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
+import pytest
+
+import omni_compile
+
+TESTS = Path(__file__).parent
+
 
 def require_triton_interpreter():
     """Skip a test that runs our Triton kernels on CPU tensors where they were imported for the GPU (a GPU
-    machine: TRITON_INTERPRET unset at import); there their CUDA tests (`-m gpu`) cover them."""
+    machine: TRITON_INTERPRET unset at import); there their CUDA tests (`-m gpu`) cover them. Where it does not
+    skip, TRITON_INTERPRET=1 is set."""
     if not TRITON_INTERPRETED:
         pytest.skip("runs Triton kernels on CPU tensors, which needs TRITON_INTERPRET=1 when the kernels are "
                     "imported (set by tests/conftest.py only without a GPU)")  # fmt: skip
 
-import pytest
 
-import omni_compile
+def tests_on_path(env: dict, **extra: str) -> dict:
+    """`env` with this directory ahead of its PYTHONPATH (for `generic_model:...`, `dit_zoo:...` in a CLI
+    subprocess), plus `extra` variables."""
+    path = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
+    return dict(env, PYTHONPATH=path, **extra)
 
 
 def pytest_collection_modifyitems(config, items):

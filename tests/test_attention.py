@@ -401,11 +401,10 @@ def test_pass_finds_each_role_and_leaves_sdpa_on_cpu(fresh_dynamo, no_inductor_c
 
 
 @pytest.mark.compile
-def test_explicit_triton_attention_per_role_under_the_interpreter(fresh_dynamo, no_inductor_cache, monkeypatch):
+def test_explicit_triton_attention_per_role_under_the_interpreter(fresh_dynamo, no_inductor_cache):
     """per_role puts Wan's cross-attention on our Triton kernel (the interpreter, bf16) and keeps self-attention
     on SDPA; the compiled model matches eager bf16."""
     require_triton_interpreter()
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     config = {"attention": {"per_role": {"wan.cross": {"backend": "TRITON_ATTN"}}}}
     records, err = _compile_tiny("wan-tiny", "64x96x9", torch.bfloat16, config)
     (rec,) = records
@@ -417,11 +416,10 @@ def test_explicit_triton_attention_per_role_under_the_interpreter(fresh_dynamo, 
 
 
 @pytest.mark.compile
-def test_explicit_backend_that_cannot_take_the_dtype_stops_the_compile(fresh_dynamo, no_inductor_cache, monkeypatch):
+def test_explicit_backend_that_cannot_take_the_dtype_stops_the_compile(fresh_dynamo, no_inductor_cache):
     from omni_compile.errors import find_user_error
 
     require_triton_interpreter()
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(Exception) as e:
         _compile_tiny("flux-tiny", "64x64", torch.float32, {"attention": {"default": {"backend": "TRITON_ATTN"}}})
     err = find_user_error(e.value)

@@ -11,19 +11,16 @@ is the same for any model.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import FLUX_ARTIFACT_BUCKETS, BackgroundRun, selected
+from conftest import FLUX_ARTIFACT_BUCKETS, BackgroundRun, selected, tests_on_path
 from test_cache_store import RedisServer, _need_redis, redis_server  # noqa: F401  (fixture)
 from test_cli import cli
 
 pytestmark = pytest.mark.compile
-TESTS = Path(__file__).parent
 
 SHAPE = "64x64"
 FLUX = ("flux-tiny",)
@@ -32,8 +29,7 @@ MINI = ("generic_model:MiniDiT", "--example-inputs", "generic_model:mini_inputs"
 
 def _env(subprocess_env, cache_dir) -> dict:
     """The CLI's environment with tests/ on PYTHONPATH (generic_model) and an Inductor cache of its own."""
-    path = os.pathsep.join(p for p in (str(TESTS), subprocess_env.get("PYTHONPATH")) if p)
-    return dict(subprocess_env, PYTHONPATH=path, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
+    return tests_on_path(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
 
 
 def _build(tmp_path, name, store, subprocess_env, *extra, shapes=SHAPE, model=MINI):

@@ -1,16 +1,12 @@
 """The `omni-compile` command in subprocesses: errors, a real build, and a warm start from its output."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import BackgroundRun, selected
-
-TESTS = Path(__file__).parent
+from conftest import BackgroundRun, selected, tests_on_path
 
 
 def cli(*args, env, cwd=None, timeout=600):
@@ -138,7 +134,7 @@ def test_build_then_warm_start(flux_jit_build, subprocess_env, tmp_path):
 
 
 def _generic_env(subprocess_env):
-    return dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(TESTS), subprocess_env.get("PYTHONPATH", "")]))
+    return tests_on_path(subprocess_env)
 
 
 def _generic_build(out) -> list[str]:

@@ -11,7 +11,6 @@ subprocess each (a build runs mostly one compiler process at a time, so one buil
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,20 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import tests_on_path
 from generic_model import GENERIC_MODELS
 from test_cli import assert_user_error, cli
 
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]  # every model's builds in the first test's setup
 
-TESTS = Path(__file__).parent
-
 
 @pytest.fixture(scope="module")
 def env(subprocess_env, tmp_path_factory):
-    # this directory for generic_model, ahead of the caller's PYTHONPATH (as in tests/test_cli.py)
-    path = os.pathsep.join(p for p in (str(TESTS), subprocess_env.get("PYTHONPATH")) if p)
-    return dict(subprocess_env, PYTHONPATH=path,
-                TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))  # fmt: skip
+    return tests_on_path(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))
 
 
 def _build_model(name: str, root: Path, env: dict) -> dict:

@@ -38,10 +38,9 @@ def reference(x, w, cos, sin, eps):
 
 @pytest.mark.parametrize("kernel", ["native", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interleaved_rope_over_all_heads_becomes_one_op(dtype, kernel, monkeypatch):
+def test_interleaved_rope_over_all_heads_becomes_one_op(dtype, kernel):
     if kernel == "triton":
         require_triton_interpreter()
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     c = 64  # 4 heads of 16
     norm = torch.nn.RMSNorm(c, eps=1e-6).to(dtype)
     with torch.no_grad():
@@ -127,12 +126,11 @@ def head_reference(x, w, cos, sin, rotated: int):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", ["whole", "prefix"])
 @pytest.mark.parametrize("norm_kind", ["torch", "diffusers"])
-def test_per_head_norm_then_rope_in_either_rounding(norm_kind, form, dtype, kernel, monkeypatch):
+def test_per_head_norm_then_rope_in_either_rounding(norm_kind, form, dtype, kernel):
     """FLUX's form (the whole sequence rotated) and HunyuanVideo's single-stream form (a prefix rotated), with
     torch's RMSNorm or diffusers' (which rounds before the weight in half precision)."""
     if kernel == "triton":
         require_triton_interpreter()
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     b, s, text, h, d = 2, 11, 4 if form == "prefix" else 0, 3, 16
     norm = make_norm(norm_kind, d, dtype)
     x = torch.randn(b, s, h, d, dtype=dtype) * 3
