@@ -38,7 +38,7 @@ def require_triton_interpreter():
                     "imported (set by tests/conftest.py only without a GPU)")  # fmt: skip
 
 
-def tests_on_path(env: dict, **extra: str) -> dict:
+def with_tests_dir_on_path(env: dict, **extra: str) -> dict:
     """`env` with this directory ahead of its PYTHONPATH (for `generic_model:...`, `dit_zoo:...` in a CLI
     subprocess), plus `extra` variables."""
     path = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import FLUX_ARTIFACT_BUCKETS, BackgroundRun, selected, tests_on_path
+from conftest import FLUX_ARTIFACT_BUCKETS, BackgroundRun, selected, with_tests_dir_on_path
 from test_cache_store import RedisServer, _need_redis, redis_server  # noqa: F401  (fixture)
 from test_cli import cli
 
@@ -29,7 +29,7 @@ MINI = ("generic_model:MiniDiT", "--example-inputs", "generic_model:mini_inputs"
 
 def _env(subprocess_env, cache_dir) -> dict:
     """The CLI's environment with tests/ on PYTHONPATH (generic_model) and an Inductor cache of its own."""
-    return tests_on_path(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
+    return with_tests_dir_on_path(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
 
 
 def _build(tmp_path, name, store, subprocess_env, *extra, shapes=SHAPE, model=MINI):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import BackgroundRun, selected, tests_on_path
+from conftest import BackgroundRun, selected, with_tests_dir_on_path
 
 
 def cli(*args, env, cwd=None, timeout=600):
@@ -134,7 +134,7 @@ def test_build_then_warm_start(flux_jit_build, subprocess_env, tmp_path):
 
 
 def _generic_env(subprocess_env):
-    return tests_on_path(subprocess_env)
+    return with_tests_dir_on_path(subprocess_env)
 
 
 def _generic_build(out) -> list[str]:

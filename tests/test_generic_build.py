@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tests_on_path
+from conftest import with_tests_dir_on_path
 from generic_model import GENERIC_MODELS
 from test_cli import assert_user_error, cli
 
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]  # every model's b
 
 @pytest.fixture(scope="module")
 def env(subprocess_env, tmp_path_factory):
-    return tests_on_path(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))
+    return with_tests_dir_on_path(subprocess_env, TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor-generic")))
 
 
 def _build_model(name: str, root: Path, env: dict) -> dict:
