@@ -8,8 +8,10 @@ The transformer is always `omni_compile.load(ARTIFACT, weights=...)`: its region
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,15 @@ class LoadedPipeline:
     source: str  # where the text encoders, VAE and scheduler came from
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # Prompts are checked on the request path while the worker thread runs the pipeline. A fast (Rust) tokenizer
+        # keeps its padding and truncation settings as state that every call sets: a check call racing the
+        # pipeline's padded T5 call left that call unpadded (4 tokens for a 4-token prompt, not text_len), and the
+        # transformer was called at a shape the artifact does not hold. The checks use private copies.
+        names = ("tokenizer", "tokenizer_2")
+        self._check_tokenizers = {name: copy.deepcopy(getattr(self.pipe, name)) for name in names}
+        self._check_lock = threading.Lock()
+
     @property
     def sizes(self) -> list[str]:
         """Served sizes as OpenAI writes them, WIDTHxHEIGHT, in the manifest's order."""
@@ -55,7 +66,8 @@ class LoadedPipeline:
     def prompt_error(self, prompt: str) -> str | None:
         """Why `prompt` is too long for a tokenizer, or None."""
         for name, limit in (("tokenizer", self.pipe.tokenizer.model_max_length), ("tokenizer_2", self.text_len)):
-            n = len(getattr(self.pipe, name)(prompt).input_ids)
+            with self._check_lock:
+                n = len(self._check_tokenizers[name](prompt).input_ids)
             if n > limit:
                 return (f"prompt is {n} tokens for the {'CLIP' if name == 'tokenizer' else 'T5'} tokenizer, which "
                         f"takes at most {limit} here; shorten it")  # fmt: skip

@@ -341,3 +341,30 @@ def test_pipeline_dir_from_manifest(tmp_path):
         pipeline_dir(ServeConfig(artifact="a"), str(tmp_path / "elsewhere" / "transformer"))
     with pytest.raises(ConfigError, match="model_index.json"):
         pipeline_dir(ServeConfig(artifact="a", pipeline=str(tmp_path)), built_from_root)
+
+
+def test_prompt_check_leaves_the_pipelines_tokenizers_alone():
+    """The request path checks prompts while the worker runs the pipeline. A fast tokenizer keeps padding as state
+    that every call sets: a check through the pipeline's own tokenizer, racing its padded T5 call, once made that
+    call unpadded and the transformer ran at a text length the artifact does not hold (a 500 on CI)."""
+    import types
+
+    import torch
+
+    from omni_compile.models.flux_pipeline import make_tokenizer
+    from omni_compile.server.pipeline import LoadedPipeline
+
+    pipe = types.SimpleNamespace(tokenizer=make_tokenizer(77), tokenizer_2=make_tokenizer(8))
+    loaded = LoadedPipeline(pipe=pipe, manifest={}, device=torch.device("cpu"), text_len=8, buckets=[], compiled=True,
+                            source="test")  # fmt: skip
+    # what FluxPipeline's T5 call leaves set on its tokenizer
+    ids = pipe.tokenizer_2(["a red cat"], padding="max_length", max_length=8, truncation=True).input_ids
+    assert [len(i) for i in ids] == [8]
+    padding = pipe.tokenizer_2._tokenizer.padding
+    assert padding is not None and padding["length"] == 8
+
+    assert loaded.prompt_error("a red cat") is None
+    why = loaded.prompt_error("a red cat on the big old house")
+    assert "9 tokens for the T5 tokenizer, which takes at most 8" in why
+    assert pipe.tokenizer_2._tokenizer.padding == padding  # a check through this tokenizer resets it to None
+    assert loaded._check_tokenizers["tokenizer_2"] is not pipe.tokenizer_2
