@@ -13,6 +13,8 @@ the platform's preference list) and the call is replaced by that backend's form:
 - FA3_ATTN, FA4_ATTN, FLASH_ATTN (FA2), TRITON_ATTN, SAGE_ATTN: the backend's op on [B, S, H, D] tensors. diffusers builds
   q/k/v as [B, S, H, D] and transposes them for SDPA; the new call takes the transpose back, so the
   permute pair folds into the original tensor and no layout copy is made before or after the kernel.
+  With a key-padding mask, FA3 gets each row's kept keys and values first (a stable sort of the mask and
+  a gather, in the graph) and their count as `seqused_k`.
   The Triton kernels are embedded in Inductor's code like the fused-op kernels (`functional_trace`).
 
 Correctness: every backend computes softmax(q kᵀ · scale) v on the same inputs (SAGE_ATTN within its
@@ -32,6 +34,7 @@ import torch
 from torch.fx.operator_schemas import normalize_function
 
 from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_flash_modules
+from omni_compile.attention.backends.base import seqused_attention
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
 from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source
@@ -78,40 +81,115 @@ def _path_from_stack_trace(trace: str) -> str:
     return ""
 
 
-def _mask_kind(mask, q, k) -> str | None:
-    if mask is None:
-        return None
-    m = mask.meta["val"]
+# Ops a mask may pass through between where it is made and the attention call without changing which key an
+# element belongs to (broadcasts, singleton dims, the padding of the last dim that torch's efficient-attention
+# path adds and slices off again).
+_SAME_KEYS = {aten.expand.default, aten.unsqueeze.default, aten.reshape.default, aten.view.default,
+              aten.squeeze.dim, aten.squeeze.dims, aten.clone.default, aten.alias.default,
+              aten.slice.Tensor, aten.constant_pad_nd.default}  # fmt: skip
+
+
+def _scalar(node) -> float | None:
+    """The value of a scalar constant node (`full([], v)`, `scalar_tensor(v)`) or a Python number, else None."""
+    if isinstance(node, (int, float)):
+        return float(node)
+    if isinstance(node, torch.fx.Node) and node.op == "call_function":
+        if node.target is aten.full.default and list(node.args[0]) == []:
+            return float(node.args[1])
+        if node.target is aten.scalar_tensor.default:
+            return float(node.args[0])
+    return None
+
+
+def _non_singleton(shape) -> list[int]:
+    return [int(d) for d in shape if d != 1]
+
+
+def _keeps_keys(node: torch.fx.Node) -> bool:
+    """`node` (one of `_SAME_KEYS`) moves no element to another key."""
+    src = node.args[0].meta["val"]
+    if node.target is aten.slice.Tensor:  # the first elements of the last dim (what a right padding added goes)
+        dim = node.args[1] if len(node.args) > 1 else 0
+        start = node.args[2] if len(node.args) > 2 else 0
+        return dim % src.dim() == src.dim() - 1 and start in (0, None)
+    if node.target is aten.constant_pad_nd.default:  # padding on the right of the last dim only
+        pad = list(node.args[1])
+        return len(pad) == 2 and pad[0] == 0
+    if node.target in (aten.reshape.default, aten.view.default):
+        return _non_singleton(src.shape) == _non_singleton(node.meta["val"].shape)
+    return True
+
+
+def _key_padding(mask: torch.fx.Node, q, k) -> tuple[torch.fx.Node, bool] | None:
+    """(a bool node of shape [B or 1, 1, 1, S_kv] or [B or 1, S_kv], invert) when the attention call's mask only
+    drops keys per batch row (the same for every head and query), else None.
+
+    Either the mask is such a bool tensor, or it is the additive form torch's SDPA decomposition makes of one:
+    `where(keep, 0, -inf)` or `where(logical_not(keep), -inf, 0)`, possibly broadcast, reshaped into singleton
+    dims, or padded on the right of the last dim and sliced back (the efficient-attention kernel's alignment).
+    `invert`: the keys kept are those where the node is False."""
     b, skv = q.shape[0], k.shape[2]
-    if m.dtype == torch.bool and m.dim() == 4 and m.shape[1] == m.shape[2] == 1 and m.shape[3] == skv and m.shape[0] in (1, b):
-        return "key_padding"
-    return "other"
+
+    def row_mask_shape(shape) -> bool:
+        shape = [int(d) for d in shape]
+        if len(shape) not in (2, 3, 4) or shape[-1] != skv or shape[0] not in (1, b):
+            return False
+        return all(d == 1 for d in shape[1:-1])
+
+    node = mask
+    if node.meta["val"].dtype == torch.bool:
+        return (node, False) if row_mask_shape(node.meta["val"].shape) else None
+    while node.op == "call_function" and node.target in _SAME_KEYS and _keeps_keys(node):
+        node = node.args[0]
+    if node.op != "call_function" or node.target is not aten.where.self:
+        return None
+    cond, a, c = node.args
+    if not (isinstance(cond, torch.fx.Node) and cond.meta["val"].dtype == torch.bool):
+        return None
+    if tuple(cond.meta["val"].shape) != tuple(node.meta["val"].shape) or not row_mask_shape(cond.meta["val"].shape):
+        return None
+    values = (_scalar(a), _scalar(c))
+    if values == (0.0, float("-inf")):
+        invert = False
+    elif values == (float("-inf"), 0.0):
+        invert = True
+    else:
+        return None
+    if cond.op == "call_function" and cond.target is aten.logical_not.default:
+        cond, invert = cond.args[0], not invert
+    return cond, invert
 
 
 def _to_bshd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
-def _key_mask(mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+def _key_mask(mask: torch.Tensor | None, q: torch.Tensor, invert: bool = False) -> torch.Tensor | None:
+    """The [B, S_kv] bool of kept keys from `_key_padding`'s node ([B or 1, ..., S_kv], singleton dims between)."""
     if mask is None:
         return None
-    return mask.reshape(mask.shape[0], mask.shape[-1]).expand(q.shape[0], mask.shape[-1])
+    keep = mask.reshape(mask.shape[0], mask.shape[-1]).expand(q.shape[0], mask.shape[-1])
+    return keep.logical_not() if invert else keep
 
 
-def _cudnn_body(q, k, v, mask, scale):
+def _cudnn_body(q, k, v, mask, scale, invert=False):
     return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, False, False, scale=scale)[0]
 
 
-def _op_body(op):
-    def body(q, k, v, mask, scale):
-        return _to_bshd(op(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
+def _op_body(op, seqused_op=None):
+    def body(q, k, v, mask, scale, invert=False):
+        if mask is None:
+            return _to_bshd(op(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
+        # a key-padding mask (the backend's requirements passed): kept keys first, attended to by count
+        keep = _key_mask(mask, q, invert)
+        return _to_bshd(seqused_attention(seqused_op, _to_bshd(q), _to_bshd(k), _to_bshd(v), keep, scale))
 
     return body
 
 
 def _kernel_body(launcher):
-    def body(q, k, v, mask, scale):
-        return _to_bshd(launcher(_to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q), scale))
+    def body(q, k, v, mask, scale, invert=False):
+        return _to_bshd(launcher(_to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q, invert), scale))
 
     return body
 
@@ -125,7 +203,7 @@ def _splice_external_call(out: torch.fx.Node, bound: dict, op) -> None:
 
     def prepare(*tensors):
         q, k, v, mask = (*tensors, None)[:4]
-        return _to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q)
+        return _to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q, bound["invert"])
 
     traced = fake_trace(prepare, [bound[n].meta["val"] for n in names])
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
@@ -180,6 +258,11 @@ class AttentionPass(OmniPass):
         if not all(isinstance(t, torch.fx.Node) for t in (q, k, v)):
             return 0
         mask = kw.get("attn_mask", kw.get("attn_bias"))
+        if isinstance(mask, torch.fx.Node):
+            key_padding = _key_padding(mask, q.meta["val"], k.meta["val"])
+            mask_kind = "key_padding" if key_padding else "other"
+        else:
+            key_padding, mask_kind = None, None
         role = self.role_of(_module_path(node))
         if kw.get("dropout_p", 0.0) or kw.get("is_causal", False):
             record_resolution(self.resolutions, role, "TORCH_SDPA", "dropout or a causal mask: left to torch")
@@ -199,7 +282,7 @@ class AttentionPass(OmniPass):
             head_dim=int(qv.shape[-1]),
             q_len=int(qv.shape[2]),
             kv_len=int(kv_.shape[2]),
-            mask=_mask_kind(mask, qv, kv_),
+            mask=mask_kind,
             batch=int(qv.shape[0]),
             heads=int(qv.shape[1]),
         )
@@ -215,7 +298,9 @@ class AttentionPass(OmniPass):
             return 0
         scale = kw.get("scale")
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim)
-        bound = {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}
+        # backends that take a mask take a key-padding one (`requirements`): its bool form replaces the mask
+        keep, invert = key_padding or (None, False)
+        bound = {"q": q, "k": k, "v": v, "mask": keep, "scale": scale, "invert": invert}
         if trace is None:  # an op that must stay one call node (a triton_op on the CPU interpreter)
             _splice_external_call(out, bound, body)
         else:
@@ -232,7 +317,7 @@ class AttentionPass(OmniPass):
                 return None, None  # torch already chose cuDNN here
             return _cudnn_body, fake_trace
         if impl.form == "op":
-            return _op_body(impl.load()), fake_trace
+            return _op_body(impl.load(), impl.load_seqused() if impl.load_seqused else None), fake_trace
         assert impl.form == "kernel", f"{backend}: unknown form {impl.form!r}"
         op, launcher = impl.load()
         if self.platform.kind == "cpu":  # the interpreter: the triton_op, as an external call

@@ -563,3 +563,252 @@ def test_attention_written_out_is_found_as_an_attention_call(fresh_dynamo, no_in
     (rec,) = omni_compile.compile_state(model).records
     assert [r["count"] for r in rec.attention.values()] == [1], rec.attention
     assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+# ------------------------------------------------------------------ key-padding masks through FA3's seqused_k
+
+
+def _fa3_stub_forward(q, k, v, seqused_k=None, softmax_scale=None, causal=False, **unused):
+    """FA3's `_flash_attn_forward` contract, in float64: row b attends to its first seqused_k[b] keys."""
+    assert not causal and not unused, unused
+    mask = None
+    if seqused_k is not None:
+        assert seqused_k.dtype == torch.int32 and seqused_k.shape == (k.shape[0],)
+        mask = (torch.arange(k.shape[1])[None, :] < seqused_k[:, None].long())[:, None, None, :]
+    t = (x.transpose(1, 2).double() for x in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask, scale=softmax_scale)
+    return out.transpose(1, 2).to(q.dtype), None
+
+
+@pytest.fixture
+def fa3_stub(monkeypatch):
+    """fa3_fwd_interface "installed": a module whose forward is the float64 reference above."""
+    import sys
+    import types
+
+    stub = types.ModuleType("fa3_fwd_interface")
+    stub._flash_attn_forward = _fa3_stub_forward
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", stub)
+    monkeypatch.setattr(base, "has_module", lambda name: name == "fa3_fwd_interface")
+    flash_build.forward.cache_clear()
+    flash_build.seqused_forward.cache_clear()
+    yield stub
+    flash_build.forward.cache_clear()
+    flash_build.seqused_forward.cache_clear()
+
+
+def _masked_reference(q, k, v, keep, scale):
+    t = (x.transpose(1, 2).double() for x in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=keep[:, None, None, :], scale=scale)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("kind", ["prefix", "scattered", "all kept"])
+def test_kept_keys_first_is_the_masked_attention(kind, fa3_stub):
+    """Attention does not depend on the order of keys: the kept keys moved first and attended to by count equal the
+    masked attention for any key-padding mask, not only text padding at the end (float64 against SDPA's mask)."""
+    g = torch.Generator().manual_seed(0)
+    B, Sq, Skv, H, D = 3, 11, 37, 2, 8
+    q, k, v = (torch.randn(B, s, H, D, generator=g, dtype=torch.float64) for s in (Sq, Skv, Skv))
+    keep = {
+        "prefix": torch.arange(Skv)[None, :] < torch.tensor([37, 20, 1])[:, None],
+        "scattered": torch.rand(B, Skv, generator=g) < 0.6,
+        "all kept": torch.ones(B, Skv, dtype=torch.bool),
+    }[kind]
+    keep[:, 0] |= kind == "scattered"  # every row keeps a key (an empty row is NaN for SDPA)
+    k2, v2, used = base.keys_first(k, v, keep)
+    assert used.tolist() == keep.sum(1).tolist() and used.dtype == torch.int32
+    for b in range(B):  # kept keys first, in their order; the rest after
+        n = int(used[b])
+        assert torch.equal(k2[b, :n], k[b, keep[b]]) and torch.equal(v2[b, n:], v[b, ~keep[b]])
+    out = BACKENDS["FA3_ATTN"].runner()(q, k, v, 0.3, key_mask=keep)
+    assert float((out - _masked_reference(q, k, v, keep, 0.3)).abs().max()) < 1e-12
+
+
+def test_fa3_takes_key_padding_masks_and_no_other(fa3_stub):
+    masked = AttentionCall(torch.bfloat16, 128, 4608, 4608, mask="key_padding")
+    other = AttentionCall(torch.bfloat16, 128, 4608, 4608, mask="other")
+    assert resolve(*explicit("FA3_ATTN"), H200, masked).backend == "FA3_ATTN"
+    assert resolve(AttentionConfig(measure=False), "flux.joint", H200, masked).backend == "FA3_ATTN"
+    why = "the call has an attention mask (other) and FA3_ATTN takes only a key-padding mask (bool, [B, 1, 1, S_kv])"
+    assert why in reason_of("FA3_ATTN", H200, other)
+    res = resolve(AttentionConfig(measure=False), "flux.joint", H200, other)
+    assert res.backend == "TORCH_SDPA" and ("FA3_ATTN", why) in res.skipped, res.skipped
+    # the builds without seqused_k still take no mask
+    for name in ("FA4_ATTN", "FLASH_ATTN", "CUDNN_ATTN"):
+        assert BACKENDS[name].requirements(H200, masked).endswith(f"and {name} takes no attention mask"), name
+
+
+def test_masked_calls_are_measured_with_a_mask(fa3_stub, monkeypatch):
+    """A key-padding call is timed too (on the CPU here), with a mask that keeps no prefix: a backend that ignored
+    the order of kept keys would be off against TORCH_SDPA and dropped."""
+    from omni_compile.attention import measure
+
+    shape = measure.Shape(2, 2, 40, 64, 16, torch.bfloat16, "cpu", key_padding=True)
+    assert measure.Shape.of(AttentionCall(torch.bfloat16, 16, 40, 64, mask="key_padding", batch=2, heads=2),
+                            "cpu") == shape  # fmt: skip
+    assert measure.Shape.of(AttentionCall(torch.bfloat16, 16, 40, 64, mask="other", batch=2, heads=2), "cpu") is None
+    assert shape.describe() == "2x40x2x16 kv 64 key-padding mask bfloat16"
+    assert shape.key_mask().sum().item() == 2 * 56 and not shape.key_mask()[:, 7].any()
+    real = measure.runner
+
+    def prefix_only(q, k, v, scale, key_mask=None):  # takes the kept count as a prefix length without moving keys
+        op = BACKENDS["FA3_ATTN"].load_seqused()
+        return op(q, k, v, key_mask.sum(1, dtype=torch.int32), scale)
+
+    monkeypatch.setattr(measure, "runner", lambda name: prefix_only if name == "PREFIX_ONLY" else real(name))
+    times = measure.measure.__wrapped__(("FA3_ATTN", "TORCH_SDPA", "PREFIX_ONLY"), shape)
+    assert isinstance(times["FA3_ATTN"], float) and isinstance(times["TORCH_SDPA"], float), times
+    assert times["PREFIX_ONLY"].startswith("output off by rel L2"), times
+
+
+class _MaskedBlock(torch.nn.Module):
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, x, keep):
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        return self.o(a.transpose(1, 2).reshape(b, s, d)) + x
+
+
+class _MaskedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_MaskedBlock(), _MaskedBlock()])
+
+    def forward(self, x, keep):
+        for block in self.blocks:
+            x = block(x, keep)
+        return x
+
+
+@pytest.mark.compile
+def test_fa3_runs_masked_attention_in_compiled_regions(fa3_stub, monkeypatch, fresh_dynamo, no_inductor_cache):
+    """The pass routes a key-padding-masked SDPA call to FA3's seqused op on a (described) H200: the compiled block
+    calls it with the kept keys first; the output matches eager (the stub computes in float64, on the CPU)."""
+    import omni_compile
+    from omni_compile import compiler
+
+    monkeypatch.setattr(compiler, "current_platform", lambda device: H200)
+    calls = []
+    monkeypatch.setattr(fa3_stub, "_flash_attn_forward", lambda *a, **kw: calls.append(kw["seqused_k"].tolist())
+                        or _fa3_stub_forward(*a, **kw))  # fmt: skip
+    torch.manual_seed(0)
+    model = _MaskedModel().to(torch.bfloat16).eval()
+    x = torch.randn(2, 12, 32, dtype=torch.bfloat16)
+    keep = torch.rand(2, 12) < 0.7
+    keep[:, 0] = True
+    with torch.no_grad():
+        ref = model(x, keep)
+    config = {"passes": ["none", "+attention"], "attention": {"default": {"backend": "FA3_ATTN"}, "measure": False}}
+    omni_compile.compile(model, config)
+    with torch.no_grad():
+        out = model(x, keep)
+    (rec,) = omni_compile.compile_state(model).records
+    assert rec.passes["attention"] == 1 and rec.attention["generic.attn"]["implementation"] == "FA3_ATTN", rec.attention
+    assert calls == [keep.sum(1).tolist()] * 2  # one call per block, the kept count per row
+    assert float((out.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
+
+
+def _mask_graph(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    return gm, out.args[0][0] if isinstance(out.args[0], (tuple, list)) else out.args[0]
+
+
+def test_key_padding_masks_are_found_in_the_forms_torch_leaves_them():
+    """A key-padding mask reaches the attention node as a bool, as `where(keep, 0, -inf)` (the CPU decomposition),
+    or as `where(~keep, -inf, 0)` padded on the right and sliced back and broadcast (the efficient kernel's path);
+    anything that is not per key (a finite bias, a per-query mask, a shifted slice) is not one."""
+    from omni_compile.passes.attention import _key_padding
+
+    B, S = 2, 12
+    q, k = torch.empty(B, 2, 5, 8), torch.empty(B, 2, S, 8)
+    keep = torch.ones(B, S, dtype=torch.bool)
+    neg = float("-inf")
+
+    def found(fn, *args):
+        gm, mask = _mask_graph(fn, *args)
+        hit = _key_padding(mask, q, k)
+        return None if hit is None else (hit[0].name, hit[1])
+
+    assert found(lambda m: m[:, None, None, :], keep) == ("unsqueeze_1", False)
+    assert found(lambda m: torch.where(m[:, None, None, :], 0.0, neg), keep) == ("unsqueeze_1", False)
+
+    def efficient_path(m):
+        bias = torch.where(m[:, None, None, :].logical_not(), neg, 0.0)  # as torch converts a bool mask
+        return torch.nn.functional.pad(bias, (0, 4))[..., :S].expand(B, 2, 5, S)
+
+    assert found(efficient_path, keep) == ("unsqueeze_1", False)  # through logical_not: kept where it is True
+    assert found(lambda m: torch.where(m[:, None, None, :], neg, 0.0), keep) == ("unsqueeze_1", True)
+    assert found(lambda m: torch.where(m[:, None, None, :], 0.0, -1e4), keep) is None  # finite: a bias
+    per_query = torch.ones(B, 1, 5, S, dtype=torch.bool)
+    assert found(lambda m: torch.where(m, 0.0, neg), per_query) is None
+    assert found(lambda m: m, per_query) is None
+    shifted = torch.ones(B, S + 4, dtype=torch.bool)
+    assert found(lambda m: torch.where(m[:, None, None, :], 0.0, neg)[..., 4:], shifted) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["prefix", "scattered"])
+def test_fa3_key_padding_matches_float64_on_cuda(kind):
+    """FA3 through seqused_k with the kept keys first, against float64 masked attention (HunyuanVideo-like rows:
+    image tokens and a padded text tail; and a mask that keeps no prefix)."""
+    from omni_compile.platform import current_platform
+
+    B, Sq, Skv, H, D = 2, 1500, 1756, 8, 128
+    call = AttentionCall(torch.bfloat16, D, Sq, Skv, mask="key_padding")
+    why = BACKENDS["FA3_ATTN"].check(current_platform("cuda"), call, explicit=True)
+    if why:
+        pytest.skip(f"FA3_ATTN: {why}")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, s, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for s in (Sq, Skv, Skv))
+    if kind == "prefix":
+        keep = torch.arange(Skv, device="cuda")[None, :] < torch.tensor([Skv, 1500 + 17], device="cuda")[:, None]
+    else:
+        keep = torch.rand(B, Skv, device="cuda", generator=g) < 0.5
+    out = BACKENDS["FA3_ATTN"].runner()(q, k, v, D**-0.5, key_mask=keep)
+    rows = 384
+    ref = _masked_reference(q[:, :rows].cpu(), k.cpu(), v.cpu(), keep.cpu(), D**-0.5)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
+    err = float((out[:, :rows].double().cpu() - ref).norm() / ref.norm())
+    assert err < 1e-2, f"{kind}: rel L2 {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_fa3_masked_attention_compiled_on_cuda(fresh_dynamo, no_inductor_cache):
+    """The masked block on CUDA with FA3 explicit: routed through the seqused op, near eager; and with auto the
+    masked call is timed with its mask."""
+    import omni_compile
+    from omni_compile.platform import current_platform
+
+    call = AttentionCall(torch.bfloat16, 16, 12, 12, mask="key_padding")
+    why = BACKENDS["FA3_ATTN"].check(current_platform("cuda"), call, explicit=True)
+    if why:
+        pytest.skip(f"FA3_ATTN: {why}")
+    for attention in ({"default": {"backend": "FA3_ATTN"}}, {}):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = _MaskedModel().to("cuda", torch.bfloat16).eval()
+        x = torch.randn(2, 300, 32, device="cuda", dtype=torch.bfloat16)
+        keep = torch.rand(2, 300, device="cuda") < 0.7
+        with torch.no_grad():
+            ref = model(x, keep)
+        omni_compile.compile(model, {"attention": attention})
+        with torch.no_grad():
+            out = model(x, keep)
+        (rec,) = omni_compile.compile_state(model).records
+        entry = rec.attention["generic.attn"]
+        if attention:
+            assert entry["implementation"] == "FA3_ATTN", entry
+        else:
+            (times,) = entry["measured"].values()
+            assert set(times) >= {"FA3_ATTN", "TORCH_SDPA"} and isinstance(times["FA3_ATTN"], float), entry
+        assert float((out.double() - ref.double()).norm() / ref.double().norm()) < 2e-2
+        omni_compile.uncompile(model)

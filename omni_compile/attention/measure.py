@@ -40,18 +40,31 @@ class Shape:
     head_dim: int
     dtype: torch.dtype
     device: str
+    key_padding: bool = False  # the call has a key-padding mask: timed with one (`key_mask`)
 
     @classmethod
     def of(cls, call: AttentionCall, device: str) -> Shape | None:
         fields = (call.batch, call.heads, call.q_len, call.kv_len, call.head_dim, call.dtype)
-        return None if any(f is None for f in fields) or call.mask else cls(*fields, device)  # type: ignore[arg-type]
+        if any(f is None for f in fields) or call.mask not in (None, "key_padding"):
+            return None
+        return cls(*fields, device, key_padding=call.mask == "key_padding")  # type: ignore[arg-type]
 
     def describe(self) -> str:
-        return f"{self.batch}x{self.q_len}x{self.heads}x{self.head_dim} kv {self.kv_len} {str(self.dtype)[6:]}"
+        masked = " key-padding mask" if self.key_padding else ""
+        return f"{self.batch}x{self.q_len}x{self.heads}x{self.head_dim} kv {self.kv_len}{masked} {str(self.dtype)[6:]}"
+
+    def key_mask(self) -> torch.Tensor | None:
+        """The mask a masked call is timed with: every 8th key dropped, so that the kept keys are no prefix (a
+        backend that assumed one is off against TORCH_SDPA and dropped); the real mask is unknown at build time."""
+        if not self.key_padding:
+            return None
+        keep = torch.arange(self.kv_len, device=self.device) % 8 != 7
+        return keep.expand(self.batch, self.kv_len)
 
 
-def runner(backend: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]:
-    """fn(q, k, v, scale) on [B, S, H, D] tensors -> [B, S, H, D]: `backend` as the compiled graph runs it."""
+def runner(backend: str) -> Callable[..., torch.Tensor]:
+    """fn(q, k, v, scale, key_mask=None) on [B, S, H, D] tensors -> [B, S, H, D]: `backend` as the compiled graph
+    runs it."""
     return BACKENDS[backend].runner()
 
 
@@ -90,17 +103,19 @@ def measure(backends: tuple[str, ...], shape: Shape) -> dict[str, float | str]:
 
         q, k, v = rand(shape.q_len), rand(shape.kv_len), rand(shape.kv_len)
         scale = 1.0 / math.sqrt(shape.head_dim)
-        reference = runner("TORCH_SDPA")(q, k, v, scale).float()
+        mask = shape.key_mask()
+        masked = {} if mask is None else {"key_mask": mask}
+        reference = runner("TORCH_SDPA")(q, k, v, scale, **masked).float()
         out: dict[str, float | str] = {}
         for name in backends:
             fn = runner(name)
             try:
-                got = fn(q, k, v, scale).float()
+                got = fn(q, k, v, scale, **masked).float()
                 err = float((got - reference).norm() / reference.norm())
                 if not err <= EXACT_BOUND:
                     out[name] = f"output off by rel L2 {err:.1e} against TORCH_SDPA"
                     continue
-                out[name] = round(_time_ms(lambda: fn(q, k, v, scale), shape.device), 4)
+                out[name] = round(_time_ms(lambda: fn(q, k, v, scale, **masked), shape.device), 4)
             except Exception as e:  # a build that cannot run this shape here: not a candidate
                 out[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
         logger.info("attention timings for %s: %s", shape.describe(), out)

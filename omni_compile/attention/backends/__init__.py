@@ -5,7 +5,7 @@ implementation registry (`omni_compile.ops.registry`), with its requirements and
 |---|---|---|---|---|
 | TORCH_SDPA | `sdpa.py` | every platform | anything SDPA takes | whatever torch's SDPA dispatch picks (the baseline) |
 | CUDNN_ATTN | `cudnn.py` | CUDA, sm80+ | bf16/fp16, head_dim <= 256 and a multiple of 8, no mask, KV length > 1 | SDPA's cuDNN kernel, pinned |
-| FA3_ATTN | `fa3.py` | CUDA sm90: fa3-fwd (bf16) or FA3's hopper build (bf16/fp16) | head_dim multiple of 8, 8..256, no mask | [B, S, H, D] |
+| FA3_ATTN | `fa3.py` | CUDA sm90: fa3-fwd (bf16) or FA3's hopper build (bf16/fp16) | head_dim multiple of 8, 8..256, key-padding mask (seqused_k) | [B, S, H, D] |
 | FA4_ATTN | `fa4.py` | CUDA sm90, sm100+: flash-attn-4 (CuTe DSL) | bf16/fp16, head_dim multiple of 8 (sm100+: up to 128, or 256), no mask | [B, S, H, D] |
 | FLASH_ATTN | `fa2.py` | CUDA sm80-sm90: FlashAttention-2 (flash-attn) | bf16/fp16, head_dim multiple of 8, 8..256, no mask | [B, S, H, D] |
 | TRITON_ATTN | `triton.py` | CUDA, ROCm, XPU (CPU under TRITON_INTERPRET=1, by name) | bf16/fp16, head_dim 16..256, key-padding mask | [B, S, H, D] |

@@ -82,6 +82,25 @@ def _to_bshd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
+def keys_first(k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
+    """(k, v, seqused_k): each batch row's keys and values reordered so that those `key_mask` [B, S_kv] keeps come
+    first, in their order, and how many it keeps (int32 [B]). Attention does not depend on the order of the keys,
+    so attending to the first seqused_k[b] keys of the result is the masked attention, for any key-padding mask.
+    A mask that keeps a prefix (text padding at the end) gets the identity order."""
+    order = torch.argsort(key_mask.logical_not().to(torch.uint8), dim=1, stable=True)
+    index = order[:, :, None, None]
+    k = torch.take_along_dim(k, index, dim=1)
+    v = torch.take_along_dim(v, index, dim=1)
+    return k, v, key_mask.sum(1, dtype=torch.int32)
+
+
+def seqused_attention(op, q, k, v, key_mask, scale):
+    """A key-padding-masked attention on [B, S, H, D] tensors through `op(q, k, v, seqused_k, scale)`, which
+    attends to each row's first seqused_k[b] keys (`AttentionBackend.load_seqused`)."""
+    k, v, used = keys_first(k, v, key_mask)
+    return op(q, k, v, used, scale)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionBackend(Implementation):
     op: str = OP
@@ -99,6 +118,9 @@ class AttentionBackend(Implementation):
     form: str = "sdpa"
     # Imports the backend's code on first use: for "op" the custom op; for "kernel" (triton_op, launcher).
     load: Callable[[], Any] | None = None
+    # "op" backends that take key-padding masks: the custom op f(q, k, v, seqused_k, scale) attending to the
+    # first seqused_k[b] keys of row b (the pass puts the kept keys first: `seqused_attention`)
+    load_seqused: Callable[[], Any] | None = None
 
     def requirements(self, platform: Platform, call: AttentionCall) -> str | None:
         if self.dtypes is not None and call.dtype is not None and call.dtype not in self.dtypes:
@@ -112,17 +134,19 @@ class AttentionBackend(Implementation):
             return f"the call has an attention mask ({call.mask.replace('_', '-')}) and {self.name} takes {takes}"
         return self.extra(platform, call)
 
-    def runner(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]:
-        """fn(q, k, v, scale) on [B, S, H, D] tensors -> [B, S, H, D]: the backend as a compiled graph runs
-        it (what `attention.measure` times)."""
+    def runner(self) -> Callable[..., torch.Tensor]:
+        """fn(q, k, v, scale, key_mask=None) on [B, S, H, D] tensors -> [B, S, H, D], `key_mask` a bool [B, S_kv]
+        (True: attend): the backend as a compiled graph runs it (what `attention.measure` times)."""
         if self.form == "sdpa":
-            def sdpa(q, k, v, scale):
+            def sdpa(q, k, v, scale, key_mask=None):
                 t = (_to_bshd(x) for x in (q, k, v))
-                return torch.nn.functional.scaled_dot_product_attention(*t, scale=scale).transpose(1, 2)
+                mask = None if key_mask is None else key_mask[:, None, None, :]
+                return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask, scale=scale).transpose(1, 2)
 
             return sdpa
         if self.form == "cudnn":
-            def cudnn(q, k, v, scale):
+            def cudnn(q, k, v, scale, key_mask=None):
+                assert key_mask is None, "CUDNN_ATTN as wrapped here takes no mask"
                 t = (_to_bshd(x) for x in (q, k, v))
                 out = torch.ops.aten._scaled_dot_product_cudnn_attention(*t, None, False, 0.0, False, False,
                                                                          scale=scale)[0]  # fmt: skip
@@ -130,6 +154,14 @@ class AttentionBackend(Implementation):
 
             return cudnn
         if self.form == "op":
-            return self.load()
+            op = self.load()
+
+            def call(q, k, v, scale, key_mask=None):
+                if key_mask is None:
+                    return op(q, k, v, scale)
+                assert self.load_seqused is not None, f"{self.name} takes no mask"
+                return seqused_attention(self.load_seqused(), q, k, v, key_mask, scale)
+
+            return call
         op, _ = self.load()
-        return lambda q, k, v, scale: op(q, k, v, None, scale)
+        return lambda q, k, v, scale, key_mask=None: op(q, k, v, key_mask, scale)

@@ -5,7 +5,10 @@ custom op; each build's file (`fa3.py`, `fa4.py`, `fa2.py`) declares one and reg
 The op, `omni_compile::attention_<op_name>` (`attention_fa3`, `attention_fa4`, `attention_fa2`), takes
 [B, S, H, D] q/k/v (FlashAttention's own layout, the one diffusers' projections write) and returns
 [B, S_q, H, D_v], contiguous. Inductor calls it as an external kernel, inside compiled regions in the JIT
-path and in the standalone files of CUDA artifacts. The op is defined when the backend registers (any
+path and in the standalone files of CUDA artifacts. A build that can stop each batch row's keys at a
+length (FA3's `seqused_k`) also gets `omni_compile::attention_<op_name>_seqused(q, k, v, seqused_k, scale)`,
+and so takes key-padding masks: the attention pass moves each row's kept keys to the front
+(`base.keys_first`, in the graph) and passes their count. The ops are defined when the backend registers (any
 import of `omni_compile.attention` does it, the artifact loader's included), and the FlashAttention
 package is imported on the first call only, so a file that calls the op loads anywhere and a missing
 package is an error that names it (the loader checks first, `artifact.loader`)."""
@@ -48,6 +51,9 @@ class FlashBuild:
     head_dims: tuple[tuple[int, Callable[[int], bool], str], ...] = ()
     # module -> fn(module) -> forward(q, k, v, scale); default: the module's flash_attn_func
     forwards: tuple[tuple[str, Callable], ...] = ()
+    # module -> fn(module) -> forward(q, k, v, seqused_k, scale): only the first seqused_k[b] keys of row b
+    # are attended to. Empty: the build takes no mask.
+    seqused_forwards: tuple[tuple[str, Callable], ...] = ()
     extra_module_check: Callable[[str], bool] = lambda name: True
 
     def module(self) -> str | None:
@@ -72,6 +78,13 @@ class FlashBuild:
             return out[0] if isinstance(out, tuple) else out
 
         return call
+
+    def seqused_forward(self, module_name: str, module) -> Callable:
+        """fn(q, k, v, seqused_k, scale) -> out for `module`; raises where that build has none."""
+        make = dict(self.seqused_forwards).get(module_name)
+        if make is None:
+            raise OmniCompileError(f"{self.label} from {module_name} cannot limit the keys per row (seqused_k)")
+        return make(module)
 
 
 def installed_flash_modules() -> dict[str, str | None]:
@@ -116,16 +129,28 @@ def _call(build: FlashBuild) -> Callable[[Platform, AttentionCall], str | None]:
     return check
 
 
-@functools.cache
-def forward(backend: str):
-    """fn(q, k, v, scale) -> out for one backend's installed build (imported on first use)."""
+def _installed(backend: str):
     build = FLASH_BUILDS[backend]
     name = build.module()
     if name is None:
         raise OmniCompileError(
             f"{backend} was compiled into this graph but {build.label} cannot be imported here ({build.install})"
         )
-    return build.forward(name, importlib.import_module(name))
+    return build, name, importlib.import_module(name)
+
+
+@functools.cache
+def forward(backend: str):
+    """fn(q, k, v, scale) -> out for one backend's installed build (imported on first use)."""
+    build, name, module = _installed(backend)
+    return build.forward(name, module)
+
+
+@functools.cache
+def seqused_forward(backend: str):
+    """fn(q, k, v, seqused_k, scale) -> out for one backend's installed build (imported on first use)."""
+    build, name, module = _installed(backend)
+    return build.seqused_forward(name, module)
 
 
 def _define_op(build: FlashBuild):
@@ -140,13 +165,26 @@ def _define_op(build: FlashBuild):
     def _(q, k, v, scale):
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
-    return op
+    if not build.seqused_forwards:
+        return op, None
+
+    @torch.library.custom_op(f"omni_compile::attention_{build.op_name}_seqused", mutates_args=())
+    def seqused_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqused_k: torch.Tensor,
+                   scale: float) -> torch.Tensor:  # fmt: skip
+        out = seqused_forward(backend)(q, k, v, seqused_k, scale)
+        return out if out.is_contiguous() else out.contiguous()
+
+    @seqused_op.register_fake
+    def _(q, k, v, seqused_k, scale):
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    return op, seqused_op
 
 
 def flash_backend(build: FlashBuild, priority: dict[str, int]) -> AttentionBackend:
     """The attention backend of a FlashAttention build, with its custom op (registered by the build's file)."""
     FLASH_BUILDS[build.backend] = build
-    op = _define_op(build)
+    op, seqused_op = _define_op(build)
     return AttentionBackend(
         name=build.backend,
         description=build.description,
@@ -159,6 +197,8 @@ def flash_backend(build: FlashBuild, priority: dict[str, int]) -> AttentionBacke
         head_dim=_call(build),
         form="op",
         load=lambda: op,
+        masks=("key_padding",) if seqused_op is not None else (),
+        load_seqused=(lambda: seqused_op) if seqused_op is not None else None,
     )
 
 
