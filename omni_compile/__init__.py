@@ -3,7 +3,8 @@
 Public API: `compile(model, config)` (regional JIT compile with our passes), `uncompile(model)`,
 `compile_state(model)`, `build(options)` (the `omni-compile build` driver), `load(artifact, weights=...)`
 (a prebuilt artifact, no compilation), `CompileConfig`,
-`ShapeBucket`, `counters`. Attributes load lazily, so `import omni_compile` stays cheap.
+`ShapeBucket`, `counters`; `enable_step_cache(pipe, ...)` / `disable_step_cache` (lossy step caching,
+`StepCacheConfig`). Attributes load lazily, so `import omni_compile` stays cheap.
 """
 
 import importlib
@@ -21,6 +22,9 @@ _EXPORTS = {
     "load": "omni_compile.artifact.loader",
     "ArtifactError": "omni_compile.artifact.manifest",
     "ConfigError": "omni_compile.errors",
+    "enable_step_cache": "omni_compile.runtime.step_cache",
+    "disable_step_cache": "omni_compile.runtime.step_cache",
+    "StepCacheConfig": "omni_compile.runtime.step_cache",
     "OmniCompileError": "omni_compile.errors",
 }
 

@@ -218,6 +218,19 @@ class RegionForward:
         return self.compiled(self.module, *args, **kwargs)
 
 
+def _refuse_hooked_blocks(regions) -> None:
+    """A block whose forward diffusers' hooks wrap (a cache method, offloading, layerwise casting) would lose them:
+    its forward is replaced by the compiled region's."""
+    for region in regions:
+        for path, module in region.instances:
+            registry = getattr(module, "_diffusers_hook", None)
+            if registry is not None and registry.hooks:
+                raise ConfigError(
+                    f"{path} has diffusers hooks ({', '.join(registry.hooks)}), which compiling its region would drop; "
+                    "compile first, then add them (omni_compile.enable_step_cache after omni_compile.compile)"
+                )
+
+
 def _raise_recompile_limit() -> None:
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
@@ -277,11 +290,13 @@ def compile(
         from omni_compile.weights import apply_transforms
 
         apply_transforms(model, config.weight_transforms)
+    found = find_regions(model, regions)
+    _refuse_hooked_blocks(found)
     state = CompileState(
         config=config,
         platform=platform,
         pass_manager=pass_manager,
-        regions=find_regions(model, regions),
+        regions=found,
         on_region_compiled=on_region_compiled,
     )
     _raise_recompile_limit()
