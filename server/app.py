@@ -25,7 +25,8 @@ from omni_compile.errors import OmniCompileError
 from omni_compile.server.config import ServeConfig
 from omni_compile.server.engine import Engine, Job, split_batch, usable_batch_sizes
 from omni_compile.server.metrics import Metrics
-from omni_compile.server.schemas import ImageData, ImageRequest, ImageResponse, RequestError, validate
+from omni_compile.server.schemas import (ImageData, ImageRequest, ImageResponse, RequestError, StepCacheReport,
+                                         step_cache_setting, validate)  # fmt: skip
 
 logger = logging.getLogger("omni_compile.server")
 GENERATIONS = "/v1/images/generations"
@@ -101,7 +102,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                               worker_alive=bool(engine and engine.alive))  # fmt: skip
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    @app.post(GENERATIONS, dependencies=[auth], response_model=ImageResponse)
+    @app.post(GENERATIONS, dependencies=[auth], response_model=ImageResponse, response_model_exclude_none=True)
     async def generate(body: ImageRequest, request: Request):
         state = request.app.state
         pipe, engine = state.pipe, state.engine
@@ -109,6 +110,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
             body, sizes=pipe.sizes, default_size=pipe.sizes[0], max_n=config.max_n, max_steps=config.max_steps,
             default_steps=config.default_steps, model_name=model_name, any_size=not pipe.compiled,
         )
+        step_cache = step_cache_setting(body, config.step_cache)
         why = pipe.prompt_error(body.prompt)
         if why:
             raise RequestError(400, why, param="prompt", code="prompt_too_long")
@@ -118,7 +120,8 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                                f"{width}x{height}; ask for a multiple of them", param="n")  # fmt: skip
         seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(6), "big")
         job = Job(prompt=body.prompt, n=body.n, seed=seed, height=height, width=width, steps=steps,
-                  guidance=float(body.guidance_scale), deadline=time.monotonic() + config.timeout_s)  # fmt: skip
+                  guidance=float(body.guidance_scale), deadline=time.monotonic() + config.timeout_s,
+                  step_cache=step_cache)  # fmt: skip
         future = asyncio.wrap_future(engine.submit(job))
         while True:
             done, _ = await asyncio.wait({future}, timeout=0.25)
@@ -136,9 +139,14 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                 raise RequestError(504, f"the request did not finish within {config.timeout_s:g} s; retry, "
                                    "or ask for fewer steps or images", type="timeout_error")  # fmt: skip
         images = future.result()
+        report = None
+        if step_cache is not None:
+            calls = sum(c for c, _ in job.computed)
+            report = StepCacheReport(setting=step_cache, fraction_computed=round(
+                sum(k for _, k in job.computed) / calls if calls else 1.0, 4))  # fmt: skip
         return ImageResponse(created=int(time.time()), data=[
             ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=body.prompt, seed=s) for s, png in images
-        ])  # fmt: skip
+        ], step_cache=report)  # fmt: skip
 
     return app
 

@@ -2,8 +2,8 @@
 
 - `submit` answers at once: 429 when the queue is full, 503 while warming up, draining or after the
   worker died. Nothing is queued for a refused request.
-- The worker takes the oldest job and, up to `max_batch` images, the queued jobs of the same size, steps
-  and guidance; their images run in chunks of the artifact's batch sizes for that size (`split_batch`).
+- The worker takes the oldest job and, up to `max_batch` images, the queued jobs of the same size, steps,
+  guidance and step cache setting; their images run in chunks of the artifact's batch sizes for that size (`split_batch`).
   Image i of a request is drawn from its own generator seeded `seed + i`, so its bytes do not depend on
   which other requests it ran with when the batch size is the same.
 - A job whose client went away or whose deadline passed is dropped before it starts, and its chunk stops
@@ -41,10 +41,12 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     gone: str | None = None  # "disconnected" or "deadline" once nobody waits for it
     images: dict[int, bytes] = field(default_factory=dict)
+    step_cache: str | None = None  # the setting (`schemas.step_cache_setting`); None: the server has none
+    computed: list[tuple[int, int]] = field(default_factory=list)  # (calls, computed calls) per chunk it ran in
 
     @property
     def key(self) -> tuple:
-        return (self.height, self.width, self.steps, float(self.guidance))
+        return (self.height, self.width, self.steps, float(self.guidance), self.step_cache)
 
     def stopped(self) -> bool:
         if self.gone is None and time.monotonic() > self.deadline:
@@ -186,7 +188,7 @@ class Engine:
             else:
                 live.append(job)
         images = [(job, i) for job in live for i in range(job.n)]
-        height, width, steps, guidance = jobs[0].key
+        height, width, steps, guidance, step_cache = jobs[0].key
         chunks = split_batch(len(images), usable_batch_sizes(self.runner, height, width, self.max_batch))
         assert chunks is not None, "each job's n was checked to be a sum of the usable batch sizes"
         start = 0
@@ -195,14 +197,14 @@ class Engine:
             start += size
             if all(job.stopped() for job, _ in chunk):
                 continue
-            self._run_chunk(chunk, height, width, steps, guidance)
+            self._run_chunk(chunk, height, width, steps, guidance, step_cache)
         for job in live:
             if job.stopped() and not job.future.done():
                 self._drop(job)
         with self.cv:
             self.current = []
 
-    def _run_chunk(self, chunk: list[tuple[Job, int]], height, width, steps, guidance) -> None:
+    def _run_chunk(self, chunk: list[tuple[Job, int]], height, width, steps, guidance, step_cache=None) -> None:
         owners = {id(j): j for j, _ in chunk}.values()
         last = [time.perf_counter()]
         path = "compiled" if self.runner.compiled else "fallback"
@@ -214,9 +216,10 @@ class Engine:
             if all(j.stopped() for j in owners) and i + 1 < steps:
                 raise _Stop()
 
+        cached = {} if step_cache is None else {"step_cache": step_cache}
         try:
             pngs = self.runner.run([j.prompt for j, _ in chunk], [j.seed + i for j, i in chunk], height, width,
-                                   steps, guidance, on_step)  # fmt: skip
+                                   steps, guidance, on_step, **cached)  # fmt: skip
         except _Stop:
             for job in owners:
                 self._drop(job)
@@ -228,6 +231,12 @@ class Engine:
                 _fail(job, RequestError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))
             return
         self.metrics.batch_done(len(chunk))
+        if step_cache is not None:
+            calls = getattr(self.runner, "last_calls", None)  # (calls, computed) of this run
+            if calls is not None:
+                self.metrics.step_cache_done(*calls)
+                for job in owners:
+                    job.computed.append(calls)
         for (job, i), png in zip(chunk, pngs):
             job.images[i] = png
             if len(job.images) == job.n and not job.future.done():

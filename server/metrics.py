@@ -44,6 +44,7 @@ class Metrics:
         self.images = 0
         self.batches = 0
         self.dropped: dict[str, int] = defaultdict(int)  # requests stopped early, by reason
+        self.cached_calls: dict[str, int] = defaultdict(int)  # step cache: transformer calls computed or skipped
 
     def request_done(self, status: int, seconds: float) -> None:
         with self.lock:
@@ -59,6 +60,11 @@ class Metrics:
         with self.lock:
             self.batches += 1
             self.images += images
+
+    def step_cache_done(self, calls: int, computed: int) -> None:
+        with self.lock:
+            self.cached_calls["computed"] += computed
+            self.cached_calls["skipped"] += calls - computed
 
     def drop(self, reason: str) -> None:
         with self.lock:
@@ -85,6 +91,11 @@ class Metrics:
             lines += [f"# HELP {p}_dropped_total Requests stopped before their last step, by reason.",
                       f"# TYPE {p}_dropped_total counter"]  # fmt: skip
             lines += [f'{p}_dropped_total{{reason="{k}"}} {self.dropped.get(k, 0)}' for k in ("disconnected", "deadline")]
+            lines += [f"# HELP {p}_step_cache_calls_total Transformer calls of step-cached requests: computed (every "
+                      "block ran) or skipped (the blocks after the first reused).",
+                      f"# TYPE {p}_step_cache_calls_total counter"]  # fmt: skip
+            lines += [f'{p}_step_cache_calls_total{{result="{k}"}} {self.cached_calls.get(k, 0)}'
+                      for k in ("computed", "skipped")]  # fmt: skip
             lines += [f"# TYPE {p}_ready gauge", f"{p}_ready {int(ready)}",
                       f"# TYPE {p}_worker_alive gauge", f"{p}_worker_alive {int(worker_alive)}"]  # fmt: skip
         return "\n".join(lines) + "\n"

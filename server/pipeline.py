@@ -44,6 +44,8 @@ class LoadedPipeline:
     compiled: bool  # False: the transformer was JIT-compiled (--jit-fallback on another platform)
     source: str  # where the text encoders, VAE and scheduler came from
     seconds: dict[str, float] = field(default_factory=dict)
+    step_cache: Any = None  # omni_compile.runtime.step_cache.StepCache when served with --step-cache
+    last_calls: tuple[int, int] | None = None
 
     def __post_init__(self):
         # Prompts are checked on the request path while the worker thread runs the pipeline. A fast (Rust) tokenizer
@@ -74,9 +76,19 @@ class LoadedPipeline:
         return None
 
     def run(self, prompts: list[str], seeds: list[int], height: int, width: int, steps: int, guidance: float,
-            on_step: Callable[[int], None] | None = None) -> list[bytes]:  # fmt: skip
-        """One pipeline call: len(prompts) images, image i drawn from a generator seeded seeds[i]; PNG bytes."""
+            on_step: Callable[[int], None] | None = None, step_cache: str | None = None) -> list[bytes]:  # fmt: skip
+        """One pipeline call: len(prompts) images, image i drawn from a generator seeded seeds[i]; PNG bytes.
+        `step_cache`: the setting for this call ("off": every step computed) on a pipeline loaded with one;
+        `last_calls` is then (transformer calls, computed calls) of the call."""
         gens = [torch.Generator(self.device).manual_seed(s) for s in seeds]
+        cache = self.step_cache
+        if cache is not None:
+            from omni_compile.runtime.step_cache import StepCacheConfig
+
+            off = step_cache in (None, "off")
+            cache.set_config(StepCacheConfig("schedule", fraction=1.0, warmup=1) if off else
+                             StepCacheConfig.parse(step_cache))  # fmt: skip
+            before = cache.stats.snapshot()
 
         def callback(pipe, i, t, kwargs):
             if on_step is not None:
@@ -87,6 +99,9 @@ class LoadedPipeline:
             out = self.pipe(prompt=prompts, height=height, width=width, num_inference_steps=steps,
                             guidance_scale=guidance, max_sequence_length=self.text_len, generator=gens,
                             output_type="pil", callback_on_step_end=callback)  # fmt: skip
+        if cache is not None:
+            after = cache.stats.snapshot()
+            self.last_calls = (after[0] - before[0], after[1] - before[1])
         pngs = []
         for img in out.images:
             buf = io.BytesIO()
@@ -147,8 +162,10 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPi
     else:
         weights = resolve_model(str(root / "transformer")).load(dtype=dtype, device=device)
     t1 = time.perf_counter()
+    # step caching skips blocks per call: a whole-step CUDA graph would replay one path
+    graphs = {"cuda_graphs": False} if config.step_cache else {}
     transformer = omni_compile.load(config.artifact, weights=weights, device=device, jit_fallback=config.jit_fallback,
-                                    checked=checked)  # fmt: skip
+                                    checked=checked, **graphs)  # fmt: skip
     t2 = time.perf_counter()
     if root is None:
         pipe = random_pipeline(preset, transformer, dtype=dtype, device=device, seed=seed)
@@ -167,6 +184,11 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPi
         seconds.update({f"artifact_{k}": v for k, v in artifact_info.seconds.items()})
     # the text length the transformer was compiled for (a build from a directory records none: the family's default)
     text_len = int(manifest.build.text_len or omni_compile.models.ADAPTERS["flux"].default_text_len)
+    cache = None
+    if config.step_cache:
+        from omni_compile.runtime.step_cache import enable_step_cache
+
+        cache = enable_step_cache(pipe, config.step_cache)
     return LoadedPipeline(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=text_len,
                           buckets=buckets, compiled=artifact_info is not None, source=source,
-                          seconds=seconds)  # fmt: skip
+                          seconds=seconds, step_cache=cache)  # fmt: skip

@@ -21,6 +21,7 @@ class ImageRequest(BaseModel):
     seed: StrictInt | None = None
     num_inference_steps: StrictInt | None = None
     guidance_scale: StrictFloat | StrictInt = 3.5
+    step_cache: StrictStr | None = None  # "off", first_block[:THRESHOLD[:WARMUP]], schedule[:FRACTION[:WARMUP]]
 
 
 class ImageData(BaseModel):
@@ -29,9 +30,15 @@ class ImageData(BaseModel):
     seed: int = Field(description="the seed this image was drawn with (request seed + index)")
 
 
+class StepCacheReport(BaseModel):
+    setting: str = Field(description="the step cache setting the request ran with ('off': every step computed)")
+    fraction_computed: float = Field(description="transformer calls that ran every block, over all its calls")
+
+
 class ImageResponse(BaseModel):
     created: int
     data: list[ImageData]
+    step_cache: StepCacheReport | None = None  # present when the server runs with --step-cache
 
 
 class ErrorBody(BaseModel):
@@ -59,6 +66,28 @@ def parse_size(size: str) -> tuple[int, int]:
     if not sep or not w.isdigit() or not h.isdigit():
         raise RequestError(400, f"size {size!r} is not WIDTHxHEIGHT, e.g. '1024x1024'", param="size")
     return int(h), int(w)
+
+
+def step_cache_setting(req: ImageRequest, default: str | None) -> str | None:
+    """The request's step cache setting in canonical text ("off" for none), or None where the server runs without
+    step caching; raises RequestError (400)."""
+    from omni_compile.errors import ConfigError
+    from omni_compile.runtime.step_cache import StepCacheConfig
+
+    text = req.step_cache
+    if default is None:
+        if text not in (None, "off"):
+            raise RequestError(400, "step_cache: this server runs without step caching; start it with --step-cache "
+                               "to allow it", param="step_cache")  # fmt: skip
+        return None
+    text = default if text is None else text
+    if text.strip() == "off":
+        return "off"
+    try:
+        config = StepCacheConfig.parse(text)
+    except ConfigError as e:
+        raise RequestError(400, f"step_cache: {e}, or 'off'", param="step_cache") from None
+    return config.text()
 
 
 def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: int, max_steps: int,

@@ -43,6 +43,10 @@ def add_serve_arguments(p) -> None:
     p.add_argument("--jit-fallback", action="store_true", help="on another platform, compile the model here "
                    "instead of refusing the artifact (any size is then served)")
     p.add_argument("--model-name", help="model id in /v1/models (default: the artifact directory's name)")
+    p.add_argument("--step-cache", metavar="SETTING", help="lossy step caching for requests that do not set "
+                   "'step_cache': first_block[:THRESHOLD] (skip the blocks after the first while its output changes "
+                   "little) or schedule[:FRACTION[:WARMUP]] (compute FRACTION of the steps after WARMUP). Requests may "
+                   "set their own or 'off'. Turns whole-step CUDA graphs off (default: no step caching)")
     p.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
 
 
@@ -64,12 +68,20 @@ def serve_config(args):
             raise ConfigError(f"{flag} must be positive, got {value}")
     if args.default_steps > args.max_steps:
         raise ConfigError(f"--default-steps {args.default_steps} is above --max-steps {args.max_steps}")
+    if args.step_cache is not None:
+        from omni_compile.runtime.step_cache import StepCacheConfig
+
+        try:
+            StepCacheConfig.parse(args.step_cache)
+        except ConfigError as e:
+            raise ConfigError(f"--step-cache: {e}") from None
     api_key = args.api_key
     return ServeConfig(artifact=args.artifact, pipeline=args.pipeline, device=args.device, api_key=api_key,
                        max_queue=args.max_queue, max_batch=args.max_batch, max_n=args.max_n,
                        max_steps=args.max_steps, default_steps=args.default_steps, timeout_s=args.timeout,
                        max_body_bytes=args.max_body_bytes, jit_fallback=args.jit_fallback,
-                       warmup_steps=args.warmup_steps, model_name=args.model_name)  # fmt: skip
+                       warmup_steps=args.warmup_steps, model_name=args.model_name,
+                       step_cache=args.step_cache)  # fmt: skip
 
 
 def check_port(host: str, port: int) -> None:

@@ -373,3 +373,36 @@ def test_start_reads_the_manifest_and_hashes_the_files_once(tiny_artifact, monke
     pipe = load_pipeline(ServeConfig(artifact=str(tiny_artifact), device="cpu"), checked=checked)
     assert calls == {"read": 1, "hash": 1}
     assert pipe.pipe.transformer._omni_artifact.manifest is checked[0]
+
+
+def test_step_cache_per_request(server_a, tiny_artifact, subprocess_env, tmp_path):
+    """A server started with --step-cache: its default on requests that say nothing, a request's own setting, and
+    'off', which draws server A's bytes (no step caching there). The computed share is in the response and
+    /metrics; a bad setting is a 400, and server A refuses any setting with the flag to use."""
+    c = Server(tiny_artifact, subprocess_env, tmp_path / "c.log", "--step-cache", "schedule:0.5")
+    try:
+        c.wait_healthy()
+        status, body = gen(c.port, headers=None, seed=3, num_inference_steps=6)
+        assert status == 200, body
+        # warm-up 2, then every other one of the 4 others: 4 of the 6 calls (no CFG: one call a step)
+        assert body["step_cache"] == {"setting": "schedule:0.5:2", "fraction_computed": 0.6667}
+        status, own = gen(c.port, headers=None, seed=3, num_inference_steps=6, step_cache="first_block:1")
+        assert status == 200, own
+        assert own["step_cache"] == {"setting": "first_block:1:2", "fraction_computed": round(2 / 6, 4)}  # warm-up only
+        status, off = gen(c.port, headers=None, seed=3, num_inference_steps=6, step_cache="off")
+        assert off["step_cache"] == {"setting": "off", "fraction_computed": 1.0}
+        status, plain = gen(server_a.port, seed=3, num_inference_steps=6)
+        assert "step_cache" not in plain
+        assert off["data"][0]["b64_json"] == plain["data"][0]["b64_json"]  # off: every block, the same bytes
+        assert body["data"][0]["b64_json"] != plain["data"][0]["b64_json"]
+        assert c.metric('omni_serve_step_cache_calls_total{result="computed"}') == 4 + 2 + 6
+        assert c.metric('omni_serve_step_cache_calls_total{result="skipped"}') == 2 + 4
+        status, bad = gen(c.port, headers=None, step_cache="schedule:2")
+        assert status == 400 and bad["error"]["param"] == "step_cache", bad
+        assert "fraction must be a number in (0, 1], not 2.0" in bad["error"]["message"]
+        status, bad = gen(server_a.port, step_cache="schedule:0.5")
+        assert status == 400 and "start it with --step-cache" in bad["error"]["message"]
+        assert gen(server_a.port, step_cache="off")[0] == 200
+        assert "Traceback" not in c.text()
+    finally:
+        c.stop()

@@ -32,6 +32,7 @@ class FakePipeline:
     def __init__(self, buckets=((64, 64, 1),)):
         self.buckets = [Bucket(*b) for b in buckets]
         self.calls: list[list[int]] = []
+        self.step_cache_args: list[dict] = []
         self.fail: BaseException | None = None
         self.gate = threading.Event()
         self.gate.set()
@@ -46,8 +47,10 @@ class FakePipeline:
     def prompt_error(self, prompt):
         return "too long" if len(prompt.split()) > 6 else None
 
-    def run(self, prompts, seeds, height, width, steps, guidance, on_step=None):
+    def run(self, prompts, seeds, height, width, steps, guidance, on_step=None, **step_cache):
         self.calls.append(list(seeds))
+        self.step_cache_args.append(step_cache)
+        self.last_calls = (steps, steps - 1)  # as a step-cached run reports: calls, computed calls
         for i in range(steps):
             self.gate.wait(10)
             if self.fail is not None:
@@ -368,3 +371,61 @@ def test_prompt_check_leaves_the_pipelines_tokenizers_alone():
     assert "9 tokens for the T5 tokenizer, which takes at most 8" in why
     assert pipe.tokenizer_2._tokenizer.padding == padding  # a check through this tokenizer resets it to None
     assert loaded._check_tokenizers["tokenizer_2"] is not pipe.tokenizer_2
+
+
+def test_step_cache_settings_do_not_share_a_batch():
+    """Requests with different step cache settings never run in one pipeline call; each call gets its setting and
+    the engine counts the calls it computed."""
+    pipe = FakePipeline(buckets=((64, 64, 1), (64, 64, 2)))
+    pipe.gate.clear()
+    e = engine(pipe, max_batch=2)
+    first = e.submit(job(seed=50, step_cache="off"))
+    time.sleep(0.1)
+    a = e.submit(job(seed=10, step_cache="schedule:0.5:2"))
+    b = e.submit(job(seed=20, step_cache="off"))
+    c = e.submit(job(seed=30, step_cache="schedule:0.5:2"))
+    pipe.gate.set()
+    for f in (first, a, b, c):
+        f.result(10)
+    assert pipe.calls == [[50], [10, 30], [20]]
+    assert pipe.step_cache_args == [{"step_cache": "off"}, {"step_cache": "schedule:0.5:2"}, {"step_cache": "off"}]
+    e.stop(10)
+    assert e.metrics.cached_calls == {"computed": 3, "skipped": 3}
+    e2 = engine(pipe)  # jobs with no setting (a server without --step-cache): the pipeline is called without one
+    e2.submit(job(seed=1)).result(10)
+    assert pipe.step_cache_args[-1] == {}
+    e2.stop(10)
+
+
+def test_step_cache_setting_checks():
+    from omni_compile.server.schemas import step_cache_setting
+
+    def setting(value, default):
+        return step_cache_setting(ImageRequest(prompt="x", step_cache=value), default)
+
+    assert setting(None, None) is None and setting("off", None) is None
+    with pytest.raises(RequestError, match="runs without step caching; start it with --step-cache") as info:
+        setting("schedule:0.5", None)
+    assert info.value.status == 400 and info.value.body.param == "step_cache"
+    assert setting(None, "first_block:0.1") == "first_block:0.1:2"
+    assert setting("off", "first_block:0.1") == "off"
+    assert setting("schedule:0.75:3", "first_block:0.1") == "schedule:0.75:3"
+    for bad, why in (("schedule:2", "fraction must be a number in (0, 1], not 2.0"), ("magic", "method 'magic'"),
+                     ("first_block:0.1:1.5", "warmup must be an integer")):  # fmt: skip
+        with pytest.raises(RequestError, match=why.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as info:
+            setting(bad, "first_block:0.1")
+        assert info.value.status == 400 and info.value.body.message.endswith(", or 'off'")
+
+
+def test_serve_flag_step_cache():
+    import argparse
+
+    from omni_compile.errors import ConfigError
+    from omni_compile.server.serve import add_serve_arguments, serve_config
+
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    assert serve_config(p.parse_args(["art"])).step_cache is None
+    assert serve_config(p.parse_args(["art", "--step-cache", "schedule:0.5"])).step_cache == "schedule:0.5"
+    with pytest.raises(ConfigError, match=r"--step-cache: step cache threshold must be a number in \(0, 1\], not 3.0"):
+        serve_config(p.parse_args(["art", "--step-cache", "first_block:3"]))

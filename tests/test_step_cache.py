@@ -17,14 +17,16 @@ def test_settings_and_their_bounds():
     assert StepCacheConfig.parse("first_block:0.2") == StepCacheConfig("first_block", 0.2)
     assert StepCacheConfig.parse("schedule:0.75") == StepCacheConfig("schedule", fraction=0.75, warmup=2)
     assert StepCacheConfig.parse("schedule:0.5:4") == StepCacheConfig("schedule", fraction=0.5, warmup=4)
+    assert StepCacheConfig.parse("first_block:0.2:5").text() == "first_block:0.2:5"
+    assert StepCacheConfig.parse("schedule:1").text() == "schedule:1:2"
     bad = {
         "first_block:0": "threshold must be a number in (0, 1], not 0.0",
         "first_block:1.5": "threshold must be a number in (0, 1], not 1.5",
         "schedule:-0.5": "fraction must be a number in (0, 1], not -0.5",
         "schedule:0.5:0": "warmup must be an integer from 1 to 1000",
         "schedule:0.5:2.5": "warmup must be an integer",
-        "schedule:x": "expected first_block[:THRESHOLD] or schedule[:FRACTION[:WARMUP]]",
-        "first_block:0.1:2": "expected first_block[:THRESHOLD]",
+        "schedule:x": "expected first_block[:THRESHOLD[:WARMUP]] or schedule[:FRACTION[:WARMUP]]",
+        "first_block:0.1:2:3": "expected first_block[:THRESHOLD[:WARMUP]]",
         "teacache": "step cache method 'teacache' is unknown; the methods are first_block, schedule",
     }
     for text, message in bad.items():

@@ -9,8 +9,9 @@ block's output. They differ in who decides:
 
 - `first_block`: diffusers' rule. The rest runs when the first block's residual moved by more than
   `threshold` (mean absolute change over mean absolute value) since the last computed step.
-- `schedule`: a fixed schedule. The first `warmup` steps of each inference are computed, then a `fraction`
-  of the others, spread evenly. It fixes the share of computed steps, which a threshold does not (and with
+- `schedule`: a fixed schedule: a `fraction` of the steps after the warm-up, spread evenly.
+
+With either, the first `warmup` steps of each inference run every block. It fixes the share of computed steps, which a threshold does not (and with
   random weights a threshold's skip rate says little about real ones).
 
 The decision is taken in Python between compiled regions (the blocks keep their compiled forwards; diffusers'
@@ -43,7 +44,8 @@ MAX_WARMUP = 1000
 @dataclass(frozen=True)
 class StepCacheConfig:
     """`method`: "first_block" (skip when the first block's residual changed by at most `threshold`, in
-    (0, 1]) or "schedule" (compute `warmup` steps, then `fraction`, in (0, 1], of the rest)."""
+    (0, 1]) or "schedule" (compute `fraction`, in (0, 1], of the steps after the warm-up); with either, the
+    first `warmup` steps of an inference are computed."""
 
     method: str = "first_block"
     threshold: float = 0.05
@@ -63,23 +65,29 @@ class StepCacheConfig:
 
     @classmethod
     def parse(cls, text: str) -> StepCacheConfig:
-        """`first_block`, `first_block:0.1`, `schedule:0.5` or `schedule:0.5:3` (fraction, warmup)."""
+        """`first_block`, `first_block:0.1`, `first_block:0.1:3` (threshold, warmup), `schedule:0.5` or
+        `schedule:0.5:3` (fraction, warmup)."""
         method, *values = text.strip().split(":")
         if method not in METHODS:
             cls(method)  # the unknown-method error
+        usage = f"step cache {text!r}: expected first_block[:THRESHOLD[:WARMUP]] or schedule[:FRACTION[:WARMUP]]"
         try:
             numbers = [float(v) for v in values]
         except ValueError:
-            raise ConfigError(f"step cache {text!r}: expected first_block[:THRESHOLD] or schedule[:FRACTION[:WARMUP]]"
-                              ) from None  # fmt: skip
-        if method == "first_block" and len(numbers) <= 1:
-            return cls("first_block", *numbers)
-        if method == "schedule" and len(numbers) <= 2:
-            if len(numbers) == 2 and not numbers[1].is_integer():
-                raise ConfigError(f"step cache {text!r}: warmup must be an integer")
-            return cls("schedule", fraction=numbers[0] if numbers else 0.5,
-                       warmup=int(numbers[1]) if len(numbers) == 2 else 2)  # fmt: skip
-        raise ConfigError(f"step cache {text!r}: expected first_block[:THRESHOLD] or schedule[:FRACTION[:WARMUP]]")
+            raise ConfigError(usage) from None
+        if len(numbers) > 2:
+            raise ConfigError(usage)
+        if len(numbers) == 2 and not numbers[1].is_integer():
+            raise ConfigError(f"step cache {text!r}: warmup must be an integer")
+        fields = {"threshold" if method == "first_block" else "fraction": numbers[0]} if numbers else {}
+        if len(numbers) == 2:
+            fields["warmup"] = int(numbers[1])
+        return cls(method, **fields)
+
+    def text(self) -> str:
+        """The setting as `parse` reads it, every field written."""
+        value = self.threshold if self.method == "first_block" else self.fraction
+        return f"{self.method}:{value:g}:{self.warmup}"
 
     def computes(self, step: int) -> bool:
         """The schedule: step `step` (0-based) of an inference is computed."""
@@ -90,7 +98,7 @@ class StepCacheConfig:
 
     def describe(self) -> str:
         if self.method == "first_block":
-            return f"first_block (threshold {self.threshold:g})"
+            return f"first_block (threshold {self.threshold:g}, after {self.warmup} computed steps)"
         return f"schedule ({self.fraction:.0%} of the steps after {self.warmup} computed)"
 
 
@@ -253,8 +261,8 @@ def _head_hook(manager, config: StepCacheConfig, stats: StepCacheStats):
             state = self.state_manager.get_state()
             step = getattr(state, "omni_step", 0)
             state.omni_step = step + 1
-            if state.head_block_residual is None or state.tail_block_residuals is None:
-                compute = True  # nothing cached yet in this inference
+            if step < self.config.warmup or state.head_block_residual is None or state.tail_block_residuals is None:
+                compute = True  # the warm-up, or nothing cached yet in this inference
             elif self.config.method == "schedule":
                 compute = self.config.computes(step)
             else:
