@@ -25,6 +25,8 @@
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
 #   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
+#   stepcache  bench/step_cache.py on the W1-sized FLUX pipeline (1024², 28 steps): each step cache setting's
+#              seconds per image, computed share, one-step and final-latent rel L2, PSNR
 #   inspect    `omni-compile inspect flux-dev --profile` at 1024x1024: the per-category profile
 # Env: DEADLINE (s, default 570) stops starting new work near the end; each stage writes its JSON and log
 # as it goes, so a stage cut short keeps what it measured.
@@ -102,6 +104,9 @@ for stage in "$@"; do
     serve)
       run serve 300 python3 -P bench/serve.py --artifact /tmp/w1store/second-0 --steps 28 --reps 3 \
         --json "$OUT/serve.json" ;;
+    stepcache)
+      run step_cache 420 python3 -P bench/step_cache.py --preset flux-dev --device cuda --reps 2 \
+        --json "$OUT/step_cache.json" ;;
     kernels)
       run kernels 300 python3 -P bench/fused_ops.py --json "$OUT/kernels.json" ;;
     inspect)
