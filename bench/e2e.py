@@ -12,13 +12,17 @@ results and prints one table. Modes:
   stock-warm  a new process that loads stock's cache bundle first, then compiles
   stock-fa3   stock, with diffusers' attention backend `_flash_3` run by the fa3-fwd wheel (what a user
               assembles in two lines today; see `diffusers_fa3_from_fa3_fwd`)
+  stock-fp8   stock, after torchao's float8 quantization (dynamic per-row activations, per-channel weights:
+              `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`) of the Linears omni's fp8
+              transform takes (lossy; compare with omni/fp8)
   omni        `omni_compile.compile(model)` (regional, our passes); saves Inductor's cache bundle
   omni-warm   a new process that loads omni's cache bundle first, then compiles (warm start)
 
 omni modes take items after '/': pass switches (`omni/-adaln`), kernel choices (`omni/*=triton`), the
 default attention backend (`omni/attn=FA3_ATTN`), `measure=false` (auto takes the first capable backend
 instead of the fastest measured one), `cg` (whole-step CUDA graphs: `compile(..., cuda_graphs=True)`) and
-`fuse` (the load-time weight transform `fuse_projections`: q/k/v projections as one GEMM).
+`fuse` (the load-time weight transform `fuse_projections`: q/k/v projections as one GEMM) and `fp8` (the
+lossy weight transform `fp8`: the blocks' Linears as fp8 GEMMs, docs/fast-mode.md).
 
 Per mode: first call (cold compile included), step latency (CUDA events on GPU, perf_counter on
 CPU; median/min/max over --steps after --warmup), peak memory, and the relative L2 error of the
@@ -117,6 +121,17 @@ def summary(times: list[float]) -> dict:
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
 
 
+def torchao_fp8(model) -> None:
+    """torchao's float8 (per-row dynamic activations, per-channel weights) on the Linears omni's fp8 takes."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    from omni_compile.weights import fp8_targets
+
+    targets = {id(linear) for _, _, linear in fp8_targets(model)[0]}
+    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+              filter_fn=lambda module, fqn: id(module) in targets)  # fmt: skip
+
+
 def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, seed: int, profile: bool = False) -> dict:
     import torch
 
@@ -154,7 +169,9 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
 
     reference = step()  # eager output of these weights and inputs
     sync()
-    if mode in ("stock", "stock-warm", "stock-fa3"):
+    if mode in ("stock", "stock-warm", "stock-fa3", "stock-fp8"):
+        if mode == "stock-fp8":
+            torchao_fp8(model)
         if mode == "stock-warm":
             torch.compiler.load_cache_artifacts(bundle.with_suffix(".stock").read_bytes())
         if mode == "stock-fa3":
@@ -166,8 +183,8 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         # (OP=IMPL) and default attention backend (attn=NAME).
         base, *items = mode.split("/")
         cuda_graphs = "cg" in items
-        transforms = ["fuse_projections"] if "fuse" in items else []
-        switches = [i for i in items if "=" not in i and i not in ("cg", "fuse")]
+        transforms = [t for item, t in (("fuse", "fuse_projections"), ("fp8", "fp8")) if item in items]
+        switches = [i for i in items if "=" not in i and i not in ("cg", "fuse", "fp8")]
         choices = dict(i.split("=", 1) for i in items if "=" in i)
         attention = {"default": {"backend": choices.pop("attn")}} if "attn" in choices else {}
         if "measure" in choices:

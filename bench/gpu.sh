@@ -25,6 +25,8 @@
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
 #   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
+#   fp8        bench/e2e.py on W1 and W2 (FP8_WORKLOADS): stock, omni, omni/fp8, stock-fp8 (torchao float8 rowwise
+#              on the same Linears), FP8_MODES to change them; lossy: rel L2 against eager bf16 in the table
 #   stepcache  bench/step_cache.py on the W1-sized FLUX pipeline (1024², 28 steps): each step cache setting's
 #              seconds per image, computed share, one-step and final-latent rel L2, PSNR
 #   inspect    `omni-compile inspect flux-dev --profile` at 1024x1024: the per-category profile
@@ -104,6 +106,11 @@ for stage in "$@"; do
     serve)
       run serve 300 python3 -P bench/serve.py --artifact /tmp/w1store/second-0 --steps 28 --reps 3 \
         --json "$OUT/serve.json" ;;
+    fp8)
+      for w in ${FP8_WORKLOADS:-W1 W2}; do
+        run "fp8_$w" 400 python3 -P bench/e2e.py --workloads "$w" --modes "${FP8_MODES:-stock,omni,omni/fp8,stock-fp8}" \
+          --json "$OUT/fp8_$w.json"
+      done ;;
     stepcache)
       run step_cache 420 python3 -P bench/step_cache.py --preset flux-dev --device cuda --reps 2 \
         --json "$OUT/step_cache.json" ;;

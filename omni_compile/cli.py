@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         "--weight-transforms",
         metavar="NAMES",
         help="load-time weight transforms, run once when weights are bound: fuse_projections (attention q/k/v "
-        "projections as one GEMM); comma list",
+        "projections as one GEMM); comma list (fp8, lossy, is for omni_compile.compile only)",
     )
     b.add_argument(
         "--attention-backend",

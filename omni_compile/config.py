@@ -133,7 +133,9 @@ class CompileConfig:
         metadata={
             "doc": "Load-time weight transforms, run once when the weights are bound (compile, build, load), "
             "never per step: 'fuse_projections' (each attention module's q/k/v projections as one GEMM; "
-            "the separate weights become views of the fused one). docs/artifact.md#weight-transforms."
+            "the separate weights become views of the fused one; docs/artifact.md#weight-transforms); 'fp8' "
+            "(lossy: the blocks' Linears as fp8 GEMMs, CUDA sm89+ and omni_compile.compile only; "
+            "docs/fast-mode.md)."
         },
     )
     fullgraph: bool = field(

@@ -13,6 +13,14 @@ its attention processor then runs one GEMM where it ran three and splits the out
 separate Linears stay (LoRA loaders and state dicts name them), their weights and biases turned into
 views of the fused ones, so the model holds one copy of those weights, not two. Exact: each output
 element is the same dot product.
+
+`fp8` (lossy, docs/fast-mode.md): every Linear inside the model's repeated blocks becomes an
+`omni_compile.ops.fp8.Fp8Linear` (e4m3 weight, one scale per output channel; the input quantized per row
+at run time), except the modulation Linears (a Linear whose parent is a norm module, such as
+AdaLayerNormZero's) and those whose sizes the fp8 GEMM cannot take. Embedders, the final projection and
+the rest of the glue stay as they are. It runs on CUDA GPUs of compute capability 8.9 or more with a bf16
+model (`OMNI_COMPILE_FP8_ANY_DEVICE=1` lets it run elsewhere, slowly, for tests), in `omni_compile.compile`
+only: artifacts do not take it yet.
 """
 
 from __future__ import annotations
@@ -84,13 +92,75 @@ def fuse_projections(model: nn.Module) -> int:
     return fused
 
 
-TRANSFORMS: dict[str, Callable[[nn.Module], int]] = {"fuse_projections": fuse_projections}
+def _check_fp8_device(model: nn.Module) -> None:
+    import os
+
+    param = next(model.parameters(), None)
+    if param is None or os.environ.get("OMNI_COMPILE_FP8_ANY_DEVICE") == "1":
+        return
+    where = str(param.device)
+    if param.device.type != "cuda":
+        raise ConfigError(f"weight transform fp8 needs a CUDA GPU of compute capability 8.9 or more (Ada, Hopper, "
+                          f"Blackwell); the model is on {where}. Leave fp8 off here")  # fmt: skip
+    cap = torch.cuda.get_device_capability(param.device)
+    if cap < (8, 9):
+        raise ConfigError(f"weight transform fp8 needs compute capability 8.9 or more; {where} "
+                          f"({torch.cuda.get_device_name(param.device)}) is {cap[0]}.{cap[1]}. Leave fp8 off here")  # fmt: skip
+    if param.dtype != torch.bfloat16:
+        raise ConfigError(f"weight transform fp8 takes a bf16 model (the fp8 GEMM writes bf16); this one is "
+                          f"{str(param.dtype).removeprefix('torch.')}")  # fmt: skip
+
+
+def fp8_targets(model: nn.Module) -> tuple[list[tuple[nn.Module, str, nn.Linear]], list[str]]:
+    """The Linears the fp8 transform replaces, as (parent, attribute, Linear), and why others in the blocks stay:
+    every `nn.Linear` of the repeated blocks but the modulation Linears and those `ops.fp8.eligible` refuses."""
+    from omni_compile.graphs.regions import find_regions
+    from omni_compile.ops.fp8 import eligible
+
+    targets, kept = [], []
+    for region in find_regions(model, None):
+        for _, block in region.instances:
+            for parent in block.modules():
+                if "Norm" in type(parent).__name__:  # modulation Linears (AdaLayerNorm*.linear) stay
+                    continue
+                for name, child in parent.named_children():
+                    if type(child) is not nn.Linear:
+                        continue
+                    why = eligible(child)
+                    if why:
+                        kept.append(f"{type(parent).__name__}.{name}: {why}")
+                    else:
+                        targets.append((parent, name, child))
+    return targets, kept
+
+
+def quantize_fp8(model: nn.Module) -> int:
+    """Replace the Linears of `fp8_targets` by `Fp8Linear`s (see the module docstring); returns how many it
+    replaced (0 when it already ran)."""
+    from omni_compile.ops.fp8 import Fp8Linear
+
+    _check_fp8_device(model)
+    targets, kept = fp8_targets(model)
+    for parent, name, linear in targets:
+        setattr(parent, name, Fp8Linear.from_linear(linear))
+    if kept:
+        logger.info("fp8: %d Linear(s) kept: %s", len(kept), "; ".join(sorted(set(kept))[:5]))
+    if targets:
+        logger.warning("fp8: %d Linear(s) now run fp8 GEMMs (lossy: compare against the bf16 model, "
+                       "docs/fast-mode.md)", len(targets))  # fmt: skip
+    return len(targets)
+
+
+TRANSFORMS: dict[str, Callable[[nn.Module], int]] = {"fuse_projections": fuse_projections, "fp8": quantize_fp8}
+LOSSY = {"fp8"}  # transforms that change values: omni_compile.compile only, never an artifact (not yet)
 
 
 def check_transforms(names: list[str]) -> None:
     unknown = [n for n in names if n not in TRANSFORMS]
     if unknown:
         raise ConfigError(f"unknown weight transform(s) {unknown}; known: {', '.join(TRANSFORMS)}")
+    if "fp8" in names and "fuse_projections" in names:
+        raise ConfigError("weight transforms fp8 and fuse_projections do not go together yet; choose one")
 
 
 def apply_transforms(model: nn.Module, names: list[str]) -> dict[str, int]:
@@ -105,4 +175,5 @@ def apply_transforms(model: nn.Module, names: list[str]) -> dict[str, int]:
     return done
 
 
-__all__ = ["FUSED_FROM", "TRANSFORMS", "apply_transforms", "check_transforms", "fuse_projections"]
+__all__ = ["FUSED_FROM", "LOSSY", "TRANSFORMS", "apply_transforms", "check_transforms", "fp8_targets",
+           "fuse_projections", "quantize_fp8"]

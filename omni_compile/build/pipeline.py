@@ -28,7 +28,7 @@ from omni_compile.build.report import build_report
 from omni_compile.build.session import BuildEvents, BuildOptions, BuildSession, check_out, sync
 from omni_compile.config import dtype_name
 from omni_compile.counters import counters
-from omni_compile.errors import OmniCompileError
+from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.graphs import find_regions
 
 logger = logging.getLogger("omni_compile.build")
@@ -73,6 +73,12 @@ class BuildPipeline:
 
     def resolve(self) -> None:
         """The model spec, targets and region compiler, checked before any slow work."""
+        from omni_compile.weights import LOSSY
+
+        lossy = [t for t in self.opts.compile.weight_transforms if t in LOSSY]
+        if lossy:
+            raise ConfigError(f"weight transform {lossy[0]} is lossy and artifacts do not take it yet (their parity "
+                              "check is lossless); use it with omni_compile.compile (docs/fast-mode.md)")  # fmt: skip
         self.session = BuildSession.resolve(self.opts)
         self.compiler = select(self.opts, self.session.device)
         self.out = Path(self.opts.out) if self.opts.out else None
