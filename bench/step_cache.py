@@ -3,6 +3,7 @@
     python -P bench/step_cache.py --preset flux-dev --size 1024x1024 --steps 28 --dtype bf16 --device cuda \
         --json results/step_cache.json                                                  # GPU: the W1-sized pipeline
     python -P bench/step_cache.py --json /tmp/step_cache.json                          # CPU smoke: flux-tiny
+    ... --fp8                                                  # every setting again with fp8 GEMMs (sm89+ GPUs)
 
 One FLUX pipeline of a preset (seeded random weights: `omni_compile.models.flux_pipeline`), its transformer
 compiled by `omni_compile.compile` (JIT, no whole-step CUDA graphs: step caching cannot run under them).
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--settings", default="off,first_block,schedule:1,schedule:0.75,schedule:0.5")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp8", action="store_true", help="compile with the lossy weight transform fp8 (sm89+ GPUs); "
+                    "the reference stays the lossless bf16 pipeline, so every row includes fp8's cost")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
@@ -69,6 +72,8 @@ def main() -> int:
     pipe = random_pipeline(args.preset, model, dtype=dtype, device=args.device, seed=0)
     pipe.set_progress_bar_config(disable=True)
     omni_compile.compile(model)
+    if args.fp8:  # the lossless reference first, then the same pipeline with fp8 GEMMs
+        settings = ["off", *[f"fp8+{s}" for s in settings]]
     cache = enable_step_cache(pipe, "schedule:1:1")
     decisions: list[bool] = []
     record = cache.stats.record
@@ -94,7 +99,15 @@ def main() -> int:
     print(f"# first call (compile) {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     results, reference = [], None
     for setting in settings:
-        config = StepCacheConfig("schedule", fraction=1.0, warmup=1) if setting == "off" else StepCacheConfig.parse(setting)
+        if setting.startswith("fp8+") and not any(type(m).__name__ == "Fp8Linear" for m in model.modules()):
+            omni_compile.uncompile(model)  # takes the step cache off too
+            omni_compile.compile(model, {"weight_transforms": ["fp8"]})
+            cache = enable_step_cache(pipe, "schedule:1:1")
+            record = cache.stats.record
+            cache.stats.record = lambda computed, record=record: (decisions.append(computed), record(computed))[1]
+            run()  # compiles the fp8 regions
+        name = setting.removeprefix("fp8+")
+        config = StepCacheConfig("schedule", fraction=1.0, warmup=1) if name == "off" else StepCacheConfig.parse(name)
         cache.set_config(config)
         decisions.clear()
         outputs.clear()
@@ -107,7 +120,8 @@ def main() -> int:
             run()
             _sync(args.device)
             times.append(time.perf_counter() - t)
-        row = {"setting": "off" if setting == "off" else config.text(), "describe": config.describe(),
+        label = "off" if name == "off" else config.text()
+        row = {"setting": ("fp8+" if setting.startswith("fp8+") else "") + label, "describe": config.describe(),
                "seconds": {"median": statistics.median(times), "min": min(times), "max": max(times)},
                "fraction_computed": sum(calls) / len(calls)}  # fmt: skip
         if reference is None:

@@ -324,10 +324,15 @@ def compile(
 
 
 def uncompile(model: nn.Module) -> nn.Module:
-    """Undo `compile`: every block runs its eager forward again."""
+    """Undo `compile`: every block runs its eager forward again (a step cache on the model is disabled first: its
+    hooks wrap the compiled forwards)."""
     state = getattr(model, "_omni_compile", None)
     if state is None:
         return model
+    if getattr(model, "_omni_step_cache", None) is not None:
+        from omni_compile.runtime.step_cache import disable_step_cache
+
+        disable_step_cache(model)
     for region in state.regions:
         for _, module in region.instances:
             module.__dict__.pop("forward", None)

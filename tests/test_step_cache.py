@@ -134,3 +134,6 @@ def test_skips_counted_no_recompiles_lossless_when_nothing_is_skipped(fresh_dyna
         omni_compile.disable_step_cache(pipe)
         assert rel(run(), lossless) < 1e-6
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # nothing traced again
+    enable_step_cache(pipe, "schedule:0.5")
+    omni_compile.uncompile(model)  # the hooks wrap the compiled forwards: uncompile takes them off first
+    assert step_cache(pipe) is None and not model.transformer_blocks[0]._diffusers_hook.hooks
