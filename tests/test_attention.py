@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from conftest import require_triton_interpreter
+from conftest import rel_l2, require_triton_interpreter
 from omni_compile.attention import backends as B
 from omni_compile.attention.backends import base, flash_build
 from omni_compile.attention.backends import BACKENDS, AttentionCall, preference
@@ -441,7 +441,7 @@ GPU_SHAPES = {"W1": (1, 4608, 4608, 24, 128), "W2 self": (1, 32760, 32760, 12, 1
               "odd": (2, 1000, 777, 8, 72)}  # fmt: skip
 # Relative L2 error against float64 each backend must stay within (bf16 inputs); SAGE_ATTN is lossy.
 BOUNDS = {"CUDNN_ATTN": 1e-2, "FA3_ATTN": 1e-2, "FA4_ATTN": 1e-2, "FLASH_ATTN": 1e-2, "TRITON_ATTN": 1e-2,
-          "TORCH_SDPA": 1e-2, "SAGE_ATTN": 3e-2}  # fmt: skip
+          "TORCH_SDPA": 1e-2, "SAGE_ATTN": 3e-2, "FA3_FP8_ATTN": 8e-2}  # fmt: skip
 
 
 def _backend_fn(name):
@@ -456,7 +456,7 @@ def _backend_fn(name):
         return sdpa
     if name == "CUDNN_ATTN":
         return lambda q, k, v, s: sdpa(q, k, v, s, SDPBackend.CUDNN_ATTENTION)
-    if name in B.FLASH_BUILDS:
+    if name in B.FLASH_BUILDS or name == "FA3_FP8_ATTN":
         from omni_compile.attention.measure import runner
 
         return runner(name)
@@ -490,7 +490,8 @@ def test_backends_match_float64_on_cuda(name, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["CUDNN_ATTN", "TRITON_ATTN", "SAGE_ATTN", "FA3_ATTN", "FA4_ATTN", "FLASH_ATTN"])
+@pytest.mark.parametrize("backend", ["CUDNN_ATTN", "TRITON_ATTN", "SAGE_ATTN", "FA3_ATTN", "FA4_ATTN", "FLASH_ATTN",
+                                     "FA3_FP8_ATTN"])
 def test_attention_pass_on_cuda(backend, fresh_dynamo, no_inductor_cache):
     """flux-tiny and wan-tiny in bf16 on CUDA with each backend explicit: every call routed, output near eager."""
     import omni_compile
@@ -516,7 +517,7 @@ def test_attention_pass_on_cuda(backend, fresh_dynamo, no_inductor_cache):
         seen = {role: r["implementation"] for rec in records for role, r in rec.attention.items()}
         assert seen == {role: backend for role in roles}, seen
         err = float((out.double() - ref.double()).norm() / ref.double().norm())
-        assert err < (5e-2 if backend == "SAGE_ATTN" else 2e-2), (preset, backend, err)
+        assert err < (5e-2 if backend in ("SAGE_ATTN", "FA3_FP8_ATTN") else 2e-2), (preset, backend, err)
 
 
 @pytest.mark.gpu
@@ -568,16 +569,22 @@ def test_attention_written_out_is_found_as_an_attention_call(fresh_dynamo, no_in
 # ------------------------------------------------------------------ key-padding masks through FA3's seqused_k
 
 
-def _fa3_stub_forward(q, k, v, seqused_k=None, softmax_scale=None, causal=False, **unused):
-    """FA3's `_flash_attn_forward` contract, in float64: row b attends to its first seqused_k[b] keys."""
+def _fa3_stub_forward(q, k, v, seqused_k=None, softmax_scale=None, causal=False, q_descale=None, k_descale=None,
+                      v_descale=None, **unused):  # fmt: skip
+    """FA3's `_flash_attn_forward` contract, in float64: row b attends to its first seqused_k[b] keys; fp8 operands
+    are multiplied by their per-(batch, head) descale factors, and the output is bf16 then."""
     assert not causal and not unused, unused
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    if q.dtype == torch.float8_e4m3fn:  # the fp8 operands times their scales, exactly
+        pairs = ((q, q_descale), (k, k_descale), (v, v_descale))
+        q, k, v = (t.double() * d.double()[:, None, :, None] for t, d in pairs)
     mask = None
     if seqused_k is not None:
         assert seqused_k.dtype == torch.int32 and seqused_k.shape == (k.shape[0],)
         mask = (torch.arange(k.shape[1])[None, :] < seqused_k[:, None].long())[:, None, None, :]
     t = (x.transpose(1, 2).double() for x in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask, scale=softmax_scale)
-    return out.transpose(1, 2).to(q.dtype), None
+    return out.transpose(1, 2).to(out_dtype), None
 
 
 @pytest.fixture
@@ -812,3 +819,41 @@ def test_fa3_masked_attention_compiled_on_cuda(fresh_dynamo, no_inductor_cache):
             assert set(times) >= {"FA3_ATTN", "TORCH_SDPA"} and isinstance(times["FA3_ATTN"], float), entry
         assert float((out.double() - ref.double()).norm() / ref.double().norm()) < 2e-2
         omni_compile.uncompile(model)
+
+
+
+def test_fa3_fp8_attention_against_float64(fa3_stub):
+    """FA3's fp8 path with per-head scales: within the fp8 bound of float64 attention; K's smoothing (its mean over
+    the sequence taken out, which softmax ignores) keeps that bound when K has a large common offset, where
+    quantizing K as it is loses the differences between keys."""
+    from omni_compile.attention.backends import fa3_fp8
+
+    g = torch.Generator().manual_seed(0)
+    B, Sq, Skv, H, D = 2, 64, 96, 2, 64
+    q, k, v = (torch.randn(B, s, H, D, generator=g).to(torch.bfloat16) for s in (Sq, Skv, Skv))
+    k_offset = (k.float() + 8 * torch.randn(1, 1, H, D, generator=g)).to(torch.bfloat16)  # a bias shared by keys
+    scale = D**-0.5
+
+    def err(kk, smooth):
+        out = fa3_fp8.fp8_attention(_fa3_stub_forward, q, kk, v, scale, smooth_k=smooth)
+        ref = _masked_reference(q.double(), kk.double(), v.double(), torch.ones(B, Skv, dtype=torch.bool), scale)
+        assert out.dtype == torch.bfloat16 and out.shape == q.shape
+        return rel_l2(out.double(), ref)
+
+    plain, smoothed = err(k, True), err(k_offset, True)
+    assert 5e-3 < plain < 6e-2 and 5e-3 < smoothed < 6e-2, (plain, smoothed)  # e4m3 keeps 3 mantissa bits
+    assert err(k_offset, False) > 3 * smoothed  # without the smoothing the offset eats K's fp8 precision
+    out = BACKENDS["FA3_FP8_ATTN"].runner()(q, k, v, scale)  # the op, as the compiled graph calls it
+    assert torch.equal(out, fa3_fp8.fp8_attention(_fa3_stub_forward, q, k, v, scale))
+
+
+def test_fa3_fp8_is_by_name_only(fa3_stub):
+    assert resolve(AttentionConfig(measure=False), "flux.joint", H200, BF16_128).backend == "FA3_ATTN"
+    assert resolve(*explicit("FA3_FP8_ATTN"), H200, BF16_128).backend == "FA3_FP8_ATTN"
+    assert "FA3_FP8_ATTN" not in preference(H200)
+    for call, why in ((AttentionCall(torch.bfloat16, 80, 64, 64), "head_size=80 is unsupported (FA3's fp8 kernels "
+                                                                  "take 64, 96, 128, 192, 256)"),
+                      (AttentionCall(torch.float16, 128, 64, 64), "dtype float16 is unsupported"),
+                      (AttentionCall(torch.bfloat16, 128, 64, 64, mask="key_padding"), "takes no attention mask")):  # fmt: skip
+        assert why in reason_of("FA3_FP8_ATTN", H200, call)
+    assert "it runs on cuda, not on cpu" in reason_of("FA3_FP8_ATTN", CPU, BF16_128)

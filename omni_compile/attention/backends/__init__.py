@@ -10,6 +10,7 @@ implementation registry (`omni_compile.ops.registry`), with its requirements and
 | FLASH_ATTN | `fa2.py` | CUDA sm80-sm90: FlashAttention-2 (flash-attn) | bf16/fp16, head_dim multiple of 8, 8..256, no mask | [B, S, H, D] |
 | TRITON_ATTN | `triton.py` | CUDA, ROCm, XPU (CPU under TRITON_INTERPRET=1, by name) | bf16/fp16, head_dim 16..256, key-padding mask | [B, S, H, D] |
 | SAGE_ATTN | `sage.py` | CUDA sm80+, ROCm; lossy, never automatic | bf16/fp16, head_dim 16..256, key-padding mask | [B, S, H, D] |
+| FA3_FP8_ATTN | `fa3_fp8.py` | CUDA sm90 with FA3 built with fp8; lossy, never automatic | bf16, head_dim 64/96/128/192/256, no mask | [B, S, H, D] |
 
 Adding a backend is one file here (its requirements, `priority` per platform kind, `form` and `load`)
 and one import line below. `preference(platform)` is the order automatic selection walks: the backends
@@ -17,7 +18,7 @@ ranked on the platform's kind, best first. Importing this package imports no ker
 """
 
 # registration order is the listing order (`omni-compile attention`)
-from omni_compile.attention.backends import sdpa, cudnn, fa3, fa4, fa2, triton, sage  # noqa: F401, I001
+from omni_compile.attention.backends import sdpa, cudnn, fa3, fa4, fa2, triton, sage, fa3_fp8  # noqa: F401, I001
 from omni_compile.attention.backends.base import OP, AttentionBackend, AttentionCall, import_error
 from omni_compile.attention.backends.flash_build import FLASH_BUILDS, FlashBuild, installed_flash_modules
 from omni_compile.ops.registry import implementations, ranked
