@@ -125,9 +125,11 @@ def torchao_fp8(model) -> None:
     """torchao's float8 (per-row dynamic activations, per-channel weights) on the Linears omni's fp8 takes."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
+    from omni_compile.graphs import find_regions
     from omni_compile.weights import fp8_targets
 
-    targets = {id(linear) for _, _, linear in fp8_targets(model)[0]}
+    blocks = [m for r in find_regions(model) for _, m in r.instances]
+    targets = {id(linear) for _, _, linear in fp8_targets(blocks)[0]}
     quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
               filter_fn=lambda module, fqn: id(module) in targets)  # fmt: skip
 

@@ -286,12 +286,13 @@ def compile(
 
         adapter = adapter_for_model(model)
     pass_manager = make_pass_manager(config, platform, adapter)
+    found = find_regions(model, regions)
+    _refuse_hooked_blocks(found)
     if config.weight_transforms:  # once, on the weights being bound; never per step
         from omni_compile.weights import apply_transforms
 
-        apply_transforms(model, config.weight_transforms)
-    found = find_regions(model, regions)
-    _refuse_hooked_blocks(found)
+        apply_transforms(model, config.weight_transforms, [m for r in found for _, m in r.instances])
+        found = find_regions(model, regions)  # again: a transform may change the blocks' structure
     state = CompileState(
         config=config,
         platform=platform,

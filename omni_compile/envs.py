@@ -29,3 +29,9 @@ def log_level() -> str | None:
 def attention_backend() -> str | None:
     """OMNI_COMPILE_ATTENTION_BACKEND: the default attention backend, e.g. CUDNN_ATTN (replaces the config's default)."""
     return os.environ.get("OMNI_COMPILE_ATTENTION_BACKEND") or None
+
+
+def fp8_any_device() -> bool:
+    """OMNI_COMPILE_FP8_ANY_DEVICE=1: the fp8 weight transform runs on any device (for tests: torch's CPU
+    `_scaled_mm` runs the same arithmetic, slowly); otherwise it needs a CUDA GPU of compute capability 8.9+."""
+    return os.environ.get("OMNI_COMPILE_FP8_ANY_DEVICE") == "1"

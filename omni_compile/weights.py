@@ -20,7 +20,8 @@ at run time), except the modulation Linears (a Linear whose parent is a norm mod
 AdaLayerNormZero's) and those whose sizes the fp8 GEMM cannot take. Embedders, the final projection and
 the rest of the glue stay as they are. It runs on CUDA GPUs of compute capability 8.9 or more with a bf16
 model (`OMNI_COMPILE_FP8_ANY_DEVICE=1` lets it run elsewhere, slowly, for tests), in `omni_compile.compile`
-only: artifacts do not take it yet.
+only: artifacts do not take it yet. It needs the repeated blocks, which `compile` passes (the regions'
+instances, found before the transforms run).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _share(module: nn.Module, fused_name: str) -> None:
             start += rows
 
 
-def fuse_projections(model: nn.Module) -> int:
+def fuse_projections(model: nn.Module, blocks: list[nn.Module] | None = None) -> int:
     """Fuse the projections of every attention module of `model` that supports it (see the module
     docstring); returns how many modules it fused (0 when there is none, or all are fused already)."""
     from diffusers.models.attention import AttentionModuleMixin
@@ -93,10 +94,10 @@ def fuse_projections(model: nn.Module) -> int:
 
 
 def _check_fp8_device(model: nn.Module) -> None:
-    import os
+    from omni_compile import envs
 
     param = next(model.parameters(), None)
-    if param is None or os.environ.get("OMNI_COMPILE_FP8_ANY_DEVICE") == "1":
+    if param is None or envs.fp8_any_device():
         return
     where = str(param.device)
     if param.device.type != "cuda":
@@ -111,36 +112,37 @@ def _check_fp8_device(model: nn.Module) -> None:
                           f"{str(param.dtype).removeprefix('torch.')}")  # fmt: skip
 
 
-def fp8_targets(model: nn.Module) -> tuple[list[tuple[nn.Module, str, nn.Linear]], list[str]]:
-    """The Linears the fp8 transform replaces, as (parent, attribute, Linear), and why others in the blocks stay:
-    every `nn.Linear` of the repeated blocks but the modulation Linears and those `ops.fp8.eligible` refuses."""
-    from omni_compile.graphs.regions import find_regions
+def fp8_targets(blocks: list[nn.Module]) -> tuple[list[tuple[nn.Module, str, nn.Linear]], list[str]]:
+    """The Linears the fp8 transform replaces in the model's repeated `blocks`, as (parent, attribute, Linear),
+    and why others in them stay: every `nn.Linear` but the modulation Linears and those `ops.fp8.eligible`
+    refuses."""
     from omni_compile.ops.fp8 import eligible
 
     targets, kept = [], []
-    for region in find_regions(model, None):
-        for _, block in region.instances:
-            for parent in block.modules():
-                if "Norm" in type(parent).__name__:  # modulation Linears (AdaLayerNorm*.linear) stay
+    for block in blocks:
+        for parent in block.modules():
+            if "Norm" in type(parent).__name__:  # modulation Linears (AdaLayerNorm*.linear) stay
+                continue
+            for name, child in parent.named_children():
+                if type(child) is not nn.Linear:
                     continue
-                for name, child in parent.named_children():
-                    if type(child) is not nn.Linear:
-                        continue
-                    why = eligible(child)
-                    if why:
-                        kept.append(f"{type(parent).__name__}.{name}: {why}")
-                    else:
-                        targets.append((parent, name, child))
+                why = eligible(child)
+                if why:
+                    kept.append(f"{type(parent).__name__}.{name}: {why}")
+                else:
+                    targets.append((parent, name, child))
     return targets, kept
 
 
-def quantize_fp8(model: nn.Module) -> int:
-    """Replace the Linears of `fp8_targets` by `Fp8Linear`s (see the module docstring); returns how many it
-    replaced (0 when it already ran)."""
+def quantize_fp8(model: nn.Module, blocks: list[nn.Module] | None = None) -> int:
+    """Replace the Linears of `fp8_targets(blocks)` by `Fp8Linear`s (see the module docstring); returns how many it
+    replaced (0 when it already ran). `blocks`: the model's repeated blocks (the compiler's regions' instances)."""
     from omni_compile.ops.fp8 import Fp8Linear
 
+    if blocks is None:
+        raise ConfigError("weight transform fp8 needs the model's blocks (it runs in omni_compile.compile)")
     _check_fp8_device(model)
-    targets, kept = fp8_targets(model)
+    targets, kept = fp8_targets(blocks)
     for parent, name, linear in targets:
         setattr(parent, name, Fp8Linear.from_linear(linear))
     if kept:
@@ -151,7 +153,9 @@ def quantize_fp8(model: nn.Module) -> int:
     return len(targets)
 
 
-TRANSFORMS: dict[str, Callable[[nn.Module], int]] = {"fuse_projections": fuse_projections, "fp8": quantize_fp8}
+# name -> fn(model, blocks) -> modules changed; `blocks` (the repeated blocks, None where the caller has none) for
+# the transforms that change only the blocks
+TRANSFORMS: dict[str, Callable[..., int]] = {"fuse_projections": fuse_projections, "fp8": quantize_fp8}
 LOSSY = {"fp8"}  # transforms that change values: omni_compile.compile only, never an artifact (not yet)
 
 
@@ -163,13 +167,14 @@ def check_transforms(names: list[str]) -> None:
         raise ConfigError("weight transforms fp8 and fuse_projections do not go together yet; choose one")
 
 
-def apply_transforms(model: nn.Module, names: list[str]) -> dict[str, int]:
+def apply_transforms(model: nn.Module, names: list[str], blocks: list[nn.Module] | None = None) -> dict[str, int]:
     """Run the named transforms on `model`, in order; returns how many modules each changed. A transform
-    finds what it already did and does nothing twice (calling this again returns zeros)."""
+    finds what it already did and does nothing twice (calling this again returns zeros). `blocks`: the model's
+    repeated blocks, for the transforms that need them (fp8)."""
     check_transforms(names)
     done = {}
     for name in names:
-        done[name] = TRANSFORMS[name](model)
+        done[name] = TRANSFORMS[name](model, blocks)
         counters.weight_transforms += done[name]
         logger.info("weight transform %s: %d module(s)", name, done[name])
     return done

@@ -47,6 +47,12 @@ def test_quantized_rows_and_the_linear_against_float64():
     assert 1e-3 < rel_l2(y.double(), exact) < 6e-2
 
 
+def _blocks(model):
+    from omni_compile.graphs import find_regions
+
+    return [m for r in find_regions(model) for _, m in r.instances]
+
+
 def _flux_tiny(dtype=torch.float32):
     spec = resolve_model("flux-tiny")
     model = spec.load(dtype=dtype, device="cpu", seed=0)
@@ -57,14 +63,16 @@ def _flux_tiny(dtype=torch.float32):
 
 def test_the_transform_takes_the_blocks_linears_but_modulation(any_device):
     model, _ = _flux_tiny()
-    assert quantize_fp8(model) == 34  # 2 double blocks x 12 Linears + 2 single blocks x 5
+    assert quantize_fp8(model, _blocks(model)) == 34  # 2 double blocks x 12 Linears + 2 single blocks x 5
     fp8 = [n for n, m in model.named_modules() if isinstance(m, Fp8Linear)]
     assert "transformer_blocks.0.attn.to_q" in fp8 and "single_transformer_blocks.1.proj_out" in fp8
     assert "transformer_blocks.0.ff_context.net.2" in fp8
     for kept in ("transformer_blocks.0.norm1.linear", "transformer_blocks.0.norm1_context.linear",
                  "single_transformer_blocks.0.norm.linear", "x_embedder", "context_embedder", "proj_out"):  # fmt: skip
         assert type(model.get_submodule(kept)) is torch.nn.Linear, kept
-    assert quantize_fp8(model) == 0  # already done: nothing twice
+    assert quantize_fp8(model, _blocks(model)) == 0  # already done: nothing twice
+    with pytest.raises(ConfigError, match="fp8 needs the model's blocks"):
+        apply_transforms(model, ["fp8"])
 
 
 @pytest.mark.compile
@@ -75,7 +83,7 @@ def test_compiled_fp8_matches_eager_fp8_and_reports_its_cost(any_device, fresh_d
     with torch.no_grad():
         lossless = model(**inputs)[0]
     eager8 = copy.deepcopy(model)
-    apply_transforms(eager8, ["fp8"])
+    apply_transforms(eager8, ["fp8"], _blocks(eager8))
     with torch.no_grad():
         expected = eager8(**inputs)[0]
     with counters.expect(weight_transforms=34, regions_compiled=2):
