@@ -58,7 +58,7 @@ def main() -> int:
     from omni_compile.config import parse_dtype
     from omni_compile.models import resolve_model
     from omni_compile.models.flux_pipeline import random_pipeline
-    from omni_compile.runtime.step_cache import StepCacheConfig, enable_step_cache
+    from omni_compile.runtime.step_cache import EVERY_STEP, StepCacheConfig, enable_step_cache
 
     tiny = args.preset == "flux-tiny"
     height, width = map(int, (args.size or ("64x64" if tiny else "1024x1024")).split("x"))
@@ -74,10 +74,15 @@ def main() -> int:
     omni_compile.compile(model)
     if args.fp8:  # the lossless reference first, then the same pipeline with fp8 GEMMs
         settings = ["off", *[f"fp8+{s}" for s in settings]]
-    cache = enable_step_cache(pipe, "schedule:1:1")
-    decisions: list[bool] = []
-    record = cache.stats.record
-    cache.stats.record = lambda computed: (decisions.append(computed), record(computed))[1]
+    decisions: list[bool] = []  # per transformer call: every block ran
+
+    def watched_cache():
+        cache = enable_step_cache(pipe, EVERY_STEP)
+        record = cache.stats.record
+        cache.stats.record = lambda computed: (decisions.append(computed), record(computed))[1]
+        return cache
+
+    cache = watched_cache()
     outputs: list[torch.Tensor] = []
     model.register_forward_hook(lambda m, a, kw, out: outputs.append(out[0].detach().float().cpu()), with_kwargs=True)
 
@@ -102,12 +107,10 @@ def main() -> int:
         if setting.startswith("fp8+") and not any(type(m).__name__ == "Fp8Linear" for m in model.modules()):
             omni_compile.uncompile(model)  # takes the step cache off too
             omni_compile.compile(model, {"weight_transforms": ["fp8"]})
-            cache = enable_step_cache(pipe, "schedule:1:1")
-            record = cache.stats.record
-            cache.stats.record = lambda computed, record=record: (decisions.append(computed), record(computed))[1]
+            cache = watched_cache()
             run()  # compiles the fp8 regions
         name = setting.removeprefix("fp8+")
-        config = StepCacheConfig("schedule", fraction=1.0, warmup=1) if name == "off" else StepCacheConfig.parse(name)
+        config = EVERY_STEP if name == "off" else StepCacheConfig.parse(name)
         cache.set_config(config)
         decisions.clear()
         outputs.clear()

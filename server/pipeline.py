@@ -83,11 +83,9 @@ class LoadedPipeline:
         gens = [torch.Generator(self.device).manual_seed(s) for s in seeds]
         cache = self.step_cache
         if cache is not None:
-            from omni_compile.runtime.step_cache import StepCacheConfig
+            from omni_compile.runtime.step_cache import EVERY_STEP, StepCacheConfig
 
-            off = step_cache in (None, "off")
-            cache.set_config(StepCacheConfig("schedule", fraction=1.0, warmup=1) if off else
-                             StepCacheConfig.parse(step_cache))  # fmt: skip
+            cache.set_config(EVERY_STEP if step_cache in (None, "off") else StepCacheConfig.parse(step_cache))
             before = cache.stats.snapshot()
 
         def callback(pipe, i, t, kwargs):

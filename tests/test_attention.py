@@ -597,11 +597,14 @@ def fa3_stub(monkeypatch):
     stub._flash_attn_forward = _fa3_stub_forward
     monkeypatch.setitem(sys.modules, "fa3_fwd_interface", stub)
     monkeypatch.setattr(base, "has_module", lambda name: name == "fa3_fwd_interface")
-    flash_build.forward.cache_clear()
-    flash_build.seqused_forward.cache_clear()
+    from omni_compile.attention.backends import fa3_fp8
+
+    caches = (flash_build.forward, flash_build.seqused_forward, fa3_fp8._fa3_forward)  # each holds the build it found
+    for cache in caches:
+        cache.cache_clear()
     yield stub
-    flash_build.forward.cache_clear()
-    flash_build.seqused_forward.cache_clear()
+    for cache in caches:
+        cache.cache_clear()
 
 
 def _masked_reference(q, k, v, keep, scale):

@@ -23,12 +23,17 @@ FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _TINY = 1e-12  # a row of zeros gets a scale that maps it to zeros, not NaN
 
 
-def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 tensor, fp32 [rows, 1] scales) of a 2-D tensor, one scale per row: t ≈ q * scale."""
-    amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=_TINY)
+def quantize(t: torch.Tensor, dims) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 tensor, fp32 scales) with one scale per slice over `dims` (kept as size 1 in the scales), the
+    slice's largest magnitude mapped to 448: t ≈ q * scale."""
+    amax = t.abs().amax(dim=dims, keepdim=True).float().clamp(min=_TINY)
     scale = amax / FP8_MAX
-    q = (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale
+    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 tensor, fp32 [rows, 1] scales) of a 2-D tensor, one scale per row."""
+    return quantize(t, -1)
 
 
 class Fp8Linear(nn.Module):

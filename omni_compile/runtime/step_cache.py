@@ -21,14 +21,14 @@ transformer is one counted step (`StepCacheStats`), so a pipeline with classifie
 conditional and unconditional calls apart, each with its own cached state (diffusers' cache contexts).
 
 The pipeline must call the transformer inside `transformer.cache_context(name)` (diffusers' pipelines do),
-and the step state resets when a pipeline call ends (`maybe_free_model_hooks`) or on `reset(model)`.
+and the step state resets when a pipeline call ends (`maybe_free_model_hooks`).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -102,6 +102,10 @@ class StepCacheConfig:
         return f"schedule ({self.fraction:.0%} of the steps after {self.warmup} computed)"
 
 
+# Every step computed: what a request that asks for no step caching runs with on a server that has it.
+EVERY_STEP = StepCacheConfig("schedule", fraction=1.0, warmup=1)
+
+
 @dataclass
 class StepCacheStats:
     """Transformer calls seen since the cache was enabled, and how many ran every block."""
@@ -142,8 +146,6 @@ class StepCache:
         self.config = config
         self.head._diffusers_hook.get_hook(_HEAD_HOOK).config = config
 
-    def to_json(self) -> dict:
-        return {"config": asdict(self.config), **self.stats.to_json()}
 
 
 def _transformer(target) -> nn.Module:
@@ -189,7 +191,7 @@ def _check_model(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> None:
     ):
         raise ConfigError("step caching cannot run under whole-step CUDA graphs: a replay repeats one path and "
                           "cannot skip blocks. Load with omni_compile.load(..., cuda_graphs=False) or compile "
-                          "without cuda_graphs=True (serve: --no-cuda-graphs)")  # fmt: skip
+                          "without cuda_graphs=True (serve turns them off with --step-cache)")  # fmt: skip
     if getattr(model, "_omni_step_cache", None) is not None:
         raise ConfigError("step caching is already enabled on this model; call disable_step_cache(model) first")
     other = [n for n, b in blocks if getattr(b, "_diffusers_hook", None) is not None and b._diffusers_hook.hooks]
@@ -290,11 +292,3 @@ def disable_step_cache(target) -> None:
 def step_cache(target) -> StepCache | None:
     """The step cache enabled on a pipeline's transformer or a transformer, or None."""
     return getattr(_transformer(target), "_omni_step_cache", None)
-
-
-def reset(target) -> None:
-    """Forget the cached residuals and the step count of the current inference (a pipeline call does it when
-    it ends; call it between inferences that call the transformer directly)."""
-    cache = step_cache(target)
-    if cache is not None:
-        cache.head._diffusers_hook.get_hook(_HEAD_HOOK).state_manager.reset()

@@ -13,11 +13,13 @@ one-byte writes.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from omni_compile.attention.backends.base import AttentionBackend, AttentionCall
 from omni_compile.attention.backends.flash_build import FLASH_BUILDS, _available, _installed
-from omni_compile.ops.fp8 import FP8, FP8_MAX
+from omni_compile.ops.fp8 import quantize
 from omni_compile.ops.registry import register
 from omni_compile.platform import Platform
 
@@ -26,10 +28,8 @@ HEAD_DIMS = (64, 96, 128, 192, 256)  # FA3's fp8 kernels
 
 def quantize_heads(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 [B, S, H, D], fp32 descale [B, H]) of a [B, S, H, D] tensor: t ≈ q * descale[b, h]."""
-    amax = t.abs().amax(dim=(1, 3)).float().clamp(min=1e-12)
-    descale = amax / FP8_MAX
-    q = (t.float() / descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, descale
+    q, descale = quantize(t, (1, 3))
+    return q, descale[:, 0, :, 0]
 
 
 def fp8_attention(fwd, q, k, v, scale: float, smooth_k: bool = True) -> torch.Tensor:
@@ -41,10 +41,15 @@ def fp8_attention(fwd, q, k, v, scale: float, smooth_k: bool = True) -> torch.Te
     return out.to(q.dtype)
 
 
+@functools.cache
+def _fa3_forward():
+    """The installed FA3 build's `_flash_attn_forward` (looked up and imported on the first call only)."""
+    return _installed("FA3_ATTN")[2]._flash_attn_forward
+
+
 @torch.library.custom_op("omni_compile::attention_fa3_fp8", mutates_args=())
 def attention_fa3_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    _, _, module = _installed("FA3_ATTN")
-    out = fp8_attention(module._flash_attn_forward, q, k, v, scale)
+    out = fp8_attention(_fa3_forward(), q, k, v, scale)
     return out if out.is_contiguous() else out.contiguous()
 
 
