@@ -12,6 +12,7 @@ abs. Backends:
   fa3           FlashAttention-3 (FA3_ATTN: the fa3-fwd wheel or FA3's hopper build), if installed
   fa4           FlashAttention-4 (FA4_ATTN: flash-attn-4, CuTe DSL), if installed
   fa2           FlashAttention-2 (FLASH_ATTN: flash-attn), if installed
+  fa3-fp8       FA3's fp8 forward, per-head e4m3 q/k/v, K smoothed (FA3_FP8_ATTN, lossy), if FA3 is installed
   triton        omni-compile's Triton kernel (TRITON_ATTN)
   sage          omni-compile's INT8 Q·K kernel (SAGE_ATTN, lossy)
 
@@ -100,6 +101,8 @@ def backends(device: str) -> dict:
         for name, build in FLASH_BUILDS.items():  # fa3 (FA3_ATTN), fa4 (FA4_ATTN), fa2 (FLASH_ATTN)
             why = BACKENDS[name].check(current_platform("cuda"), explicit=True)
             out[build.op_name] = (runner(name) if why is None else None, why)
+        why = BACKENDS["FA3_FP8_ATTN"].check(current_platform("cuda"), explicit=True)  # lossy: its error is printed
+        out["fa3-fp8"] = (runner("FA3_FP8_ATTN") if why is None else None, why)
     from omni_compile.attention import sage, triton_attn
 
     out["triton"] = (lambda q, k, v, s: triton_attn.attention_triton(q, k, v, None, s), None)

@@ -13,7 +13,7 @@
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
 #              CUDA libraries from /tmp/fa4libs (a fa4libs call before) into the same package folders
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
-#   tests      GPU tests of the suite (TESTS_MARK, default gpu; TESTS, default: attention backends vs float64, the measured choice and
+#   tests      GPU tests of the suite (TESTS_MARK, default gpu; TESTS_K, a -k expression; TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
 #   e2e        bench/e2e.py on W1, then W2 (E2E_WORKLOADS, E2E_MODES), with a profile of the modes in E2E_PROFILE (default
@@ -28,7 +28,8 @@
 #   fp8        bench/e2e.py on W1 and W2 (FP8_WORKLOADS): stock, omni, omni/fp8, stock-fp8 (torchao float8 rowwise
 #              on the same Linears), FP8_MODES to change them; lossy: rel L2 against eager bf16 in the table
 #   stepcache  bench/step_cache.py on the W1-sized FLUX pipeline (1024², 28 steps): each step cache setting's
-#              seconds per image, computed share, one-step and final-latent rel L2, PSNR
+#              seconds per image, computed share, one-step and final-latent rel L2, PSNR (STEP_CACHE_ARGS: more
+#              options, e.g. --fp8 for every setting again with fp8 GEMMs)
 #   inspect    `omni-compile inspect flux-dev --profile` at 1024x1024: the per-category profile
 # Env: DEADLINE (s, default 570) stops starting new work near the end; each stage writes its JSON and log
 # as it goes, so a stage cut short keeps what it measured.
@@ -76,7 +77,8 @@ for stage in "$@"; do
       # shellcheck disable=SC2086
       MARK=${TESTS_MARK-gpu}  # TESTS_MARK='' runs the named tests whatever their marker (CPU tests under this torch)
       # the default set takes about 7 minutes on an H100 (run 16): alone in a call, with TESTS_TIMEOUT=500
-      run gpu_tests "${TESTS_TIMEOUT:-330}" python3 -P -m pytest -q -rfs --tb=short ${MARK:+-m "$MARK"} $TESTS -p no:cacheprovider --timeout 280
+      run gpu_tests "${TESTS_TIMEOUT:-330}" python3 -P -m pytest -q -rfs --tb=short ${MARK:+-m "$MARK"} ${TESTS_K:+-k "$TESTS_K"} $TESTS \
+        -p no:cacheprovider --timeout 280
       tail -3 "$OUT/gpu_tests.txt" ;;
     w3)
       run e2e_w3 240 python3 -P bench/e2e.py --workloads W3 --modes stock,stock-fa3,omni,omni/cg \
@@ -112,7 +114,8 @@ for stage in "$@"; do
           --json "$OUT/fp8_$w.json"
       done ;;
     stepcache)
-      run step_cache 420 python3 -P bench/step_cache.py --preset flux-dev --device cuda --reps 2 \
+      # shellcheck disable=SC2086
+      run step_cache 420 python3 -P bench/step_cache.py --preset flux-dev --device cuda --reps 2 ${STEP_CACHE_ARGS:-} \
         --json "$OUT/step_cache.json" ;;
     kernels)
       run kernels 300 python3 -P bench/fused_ops.py --json "$OUT/kernels.json" ;;
@@ -126,7 +129,7 @@ done
 for f in "$OUT"/*.log; do [ -s "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done > "$OUT/stderr.txt"
 rm -f "$OUT"/*.log
 echo "=== tables ==="
-for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan artifact store serve inspect; do
+for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan fp8_W1 fp8_W2 step_cache artifact store serve inspect; do
   [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
 done
 grep -hE "Traceback|Error|error:" "$OUT/stderr.txt" 2>/dev/null | sort | uniq -c | sort -rn | head -8

@@ -72,8 +72,8 @@ def main() -> int:
     pipe = random_pipeline(args.preset, model, dtype=dtype, device=args.device, seed=0)
     pipe.set_progress_bar_config(disable=True)
     omni_compile.compile(model)
-    if args.fp8:  # the lossless reference first, then the same pipeline with fp8 GEMMs
-        settings = ["off", *[f"fp8+{s}" for s in settings]]
+    if args.fp8:  # every setting in bf16 first (the lossless reference leads), then again with fp8 GEMMs
+        settings = [*settings, *[f"fp8+{s}" for s in settings]]
     decisions: list[bool] = []  # per transformer call: every block ran
 
     def watched_cache():
