@@ -12,7 +12,8 @@
 #   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/fa4libs (it stays there while the machine is warm)
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
 #              CUDA libraries from /tmp/fa4libs (a fa4libs call before) into the same package folders
-#   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes
+#   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes (ATTN_BACKENDS,
+#              ATTN_ONLY: a shape name's part)
 #   tests      GPU tests of the suite (TESTS_MARK, default gpu; TESTS_K, a -k expression; TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
@@ -67,8 +68,8 @@ for stage in "$@"; do
         | tee -a "$OUT/gpu.txt"
       echo "install at ${SECONDS}s" ;;
     attention)
-      run attention 150 python3 -P bench/attention.py --backends sdpa,sdpa-cudnn,fa3,fa4,triton --reps 20 \
-        --json "$OUT/attention.json" ;;
+      run attention 150 python3 -P bench/attention.py --backends "${ATTN_BACKENDS:-sdpa,sdpa-cudnn,fa3,fa4,triton}" \
+        ${ATTN_ONLY:+--only "$ATTN_ONLY"} --reps 20 --json "$OUT/attention.json" ;;
     tests)
       A=tests/test_attention.py
       TESTS=${TESTS:-"$A::test_backends_match_float64_on_cuda $A::test_measured_choice_on_cuda

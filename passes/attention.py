@@ -89,6 +89,12 @@ _SAME_KEYS = {aten.expand.default, aten.unsqueeze.default, aten.reshape.default,
               aten.slice.Tensor, aten.constant_pad_nd.default}  # fmt: skip
 
 
+# Fill values that drop a key as -inf does: torch's cuDNN path writes -65504 (fp16's lowest) for a bool mask's
+# False, and models write finfo(dtype).min. They differ from -inf only where a score exceeds about 65,400 (no
+# softmax input of a real model does) or where a row drops every key (there no backend's output means anything).
+_MINUS_INF, _MASKED = float("-inf"), -65504.0
+
+
 def _scalar(node) -> float | None:
     """The value of a scalar constant node (`full([], v)`, `scalar_tensor(v)`) or a Python number, else None."""
     if isinstance(node, (int, float)):
@@ -125,7 +131,8 @@ def _key_padding(mask: torch.fx.Node, q, k) -> tuple[torch.fx.Node, bool] | None
     drops keys per batch row (the same for every head and query), else None.
 
     Either the mask is such a bool tensor, or it is the additive form torch's SDPA decomposition makes of one:
-    `where(keep, 0, -inf)` or `where(logical_not(keep), -inf, 0)`, possibly broadcast, reshaped into singleton
+    `where(keep, 0, -inf)` or `where(logical_not(keep), -inf, 0)` (-inf or any fill ≤ -65504: `_MASKED`), possibly
+    broadcast, reshaped into singleton
     dims, or padded on the right of the last dim and sliced back (the efficient-attention kernel's alignment).
     `invert`: the keys kept are those where the node is False."""
     b, skv = q.shape[0], k.shape[2]
@@ -148,10 +155,10 @@ def _key_padding(mask: torch.fx.Node, q, k) -> tuple[torch.fx.Node, bool] | None
         return None
     if tuple(cond.meta["val"].shape) != tuple(node.meta["val"].shape) or not row_mask_shape(cond.meta["val"].shape):
         return None
-    values = (_scalar(a), _scalar(c))
-    if values == (0.0, float("-inf")):
+    values = tuple(_MINUS_INF if v is not None and v <= _MASKED else v for v in (_scalar(a), _scalar(c)))
+    if values == (0.0, _MINUS_INF):
         invert = False
-    elif values == (float("-inf"), 0.0):
+    elif values == (_MINUS_INF, 0.0):
         invert = True
     else:
         return None

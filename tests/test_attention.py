@@ -734,7 +734,8 @@ def _mask_graph(fn, *args):
 
 def test_key_padding_masks_are_found_in_the_forms_torch_leaves_them():
     """A key-padding mask reaches the attention node as a bool, as `where(keep, 0, -inf)` (the CPU decomposition),
-    or as `where(~keep, -inf, 0)` padded on the right and sliced back and broadcast (the efficient kernel's path);
+    as `where(~keep, -inf, 0)` padded on the right and sliced back and broadcast (the efficient kernel's path), or
+    with -65504 for -inf (the cuDNN path);
     anything that is not per key (a finite bias, a per-query mask, a shifted slice) is not one."""
     from omni_compile.passes.attention import _key_padding
 
@@ -758,6 +759,12 @@ def test_key_padding_masks_are_found_in_the_forms_torch_leaves_them():
     assert found(efficient_path, keep) == ("unsqueeze_1", False)  # through logical_not: kept where it is True
     assert found(lambda m: torch.where(m[:, None, None, :], neg, 0.0), keep) == ("unsqueeze_1", True)
     assert found(lambda m: torch.where(m[:, None, None, :], 0.0, -1e4), keep) is None  # finite: a bias
+    # torch's cuDNN path (CUDA, torch 2.11): -65504 for False, the scalar 0 on the CPU; finfo.min as models write it
+    cudnn_path = lambda m: torch.where(m[:, None, None, :].logical_not(), -65504.0, torch.scalar_tensor(0.0))  # noqa: E731
+    assert found(cudnn_path, keep) == ("unsqueeze_1", False)
+    min_fill = torch.finfo(torch.bfloat16).min
+    assert found(lambda m: torch.where(m[:, None, None, :], 0.0, min_fill), keep) == ("unsqueeze_1", False)
+    assert found(lambda m: torch.where(m[:, None, None, :], 0.0, -65000.0), keep) is None  # above: a bias
     per_query = torch.ones(B, 1, 5, S, dtype=torch.bool)
     assert found(lambda m: torch.where(m, 0.0, neg), per_query) is None
     assert found(lambda m: m, per_query) is None
@@ -848,6 +855,54 @@ def test_fa3_fp8_attention_against_float64(fa3_stub):
     assert err(k_offset, False) > 3 * smoothed  # without the smoothing the offset eats K's fp8 precision
     out = BACKENDS["FA3_FP8_ATTN"].runner()(q, k, v, scale)  # the op, as the compiled graph calls it
     assert torch.equal(out, fa3_fp8.fp8_attention(_fa3_stub_forward, q, k, v, scale))
+
+
+class _SelfAttentionBlock(torch.nn.Module):
+    def __init__(self, dim=128, heads=2):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(a.transpose(1, 2).reshape(b, s, d)) + x
+
+
+@pytest.mark.compile
+def test_fa3_fp8_in_compiled_regions(fa3_stub, monkeypatch, fresh_dynamo, no_inductor_cache):
+    """FA3_FP8_ATTN by name on a (described) H200: the quantization is part of the region (FA3's kernel gets e4m3
+    operands and [B, H] descales), and the compiled blocks compute what the eager fp8 attention does."""
+    import omni_compile
+    from omni_compile import compiler
+    from omni_compile.attention.backends import fa3_fp8
+
+    monkeypatch.setattr(compiler, "current_platform", lambda device: H200)
+    seen = []
+    monkeypatch.setattr(fa3_stub, "_flash_attn_forward", lambda *a, **kw: seen.append((a[0].dtype, tuple(
+        kw["k_descale"].shape))) or _fa3_stub_forward(*a, **kw))  # fmt: skip
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_SelfAttentionBlock(), _SelfAttentionBlock()).to(torch.bfloat16).eval()
+    x = torch.randn(2, 40, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        exact = model(x)
+        expected = x
+        for block in model:  # eager, the same blocks with fp8 attention
+            b, s, d = expected.shape
+            q, k, v = (p(expected).view(b, s, 2, -1) for p in (block.q, block.k, block.v))
+            a = fa3_fp8.fp8_attention(_fa3_stub_forward, q, k, v, 64**-0.5)
+            expected = block.o(a.reshape(b, s, d)) + expected
+    seen.clear()
+    config = {"passes": ["none", "+attention"], "attention": {"default": {"backend": "FA3_FP8_ATTN"}}}
+    omni_compile.compile(model, config, regions=["_SelfAttentionBlock"])
+    with torch.no_grad():
+        out = model(x)
+    (rec,) = omni_compile.compile_state(model).records
+    assert rec.passes["attention"] == 1 and rec.attention["generic.attn"]["implementation"] == "FA3_FP8_ATTN"
+    assert seen == [(torch.float8_e4m3fn, (2, 2))] * 2  # one kernel call per block, quantized in the region
+    assert rel_l2(out.double(), expected.double()) < 2e-2  # Inductor's fused quantization rounds a little apart
+    assert 1e-3 < rel_l2(out.double(), exact.double()) < 6e-2  # and the fp8 cost stays in its bound
 
 
 def test_fa3_fp8_is_by_name_only(fa3_stub):

@@ -3,11 +3,10 @@ channel, and whose input is quantized per row (token) at run time, inside the co
 
     y = (q(x) * s_x) (q(W) * s_W)ᵀ + b,   s_x = max|x_row| / 448,  s_W = max|W_row| / 448
 
-`torch._scaled_mm` multiplies the e4m3 operands and applies both scales in its epilogue (rowwise scaling:
-[M, 1] and [1, N] fp32 scales), writing the activation dtype. Inductor traces the quantization of x
-(a row max, a division, a cast) into the region graph, where it fuses with whatever produces x (the norm
-and modulation before a projection, the GELU before the MLP's second GEMM). The bias is added after the
-GEMM in the activation dtype, as a pointwise op Inductor fuses with what follows.
+`torch._scaled_mm` multiplies the e4m3 operands and applies both scales and the bias in its epilogue
+(rowwise scaling: [M, 1] and [1, N] fp32 scales), writing the activation dtype. Inductor traces the
+quantization of x (a row max, a division, a cast) into the region graph, where it fuses with whatever
+produces x (the norm and modulation before a projection, the GELU before the MLP's second GEMM).
 
 Weights are quantized once, when they are bound (`omni_compile.weights`, transform "fp8"): the bf16 weight
 is replaced by its e4m3 copy (half the memory), never kept beside it.
@@ -58,9 +57,11 @@ class Fp8Linear(nn.Module):
         shape = x.shape
         xq, sx = quantize_rows(x.reshape(-1, shape[-1]))
         # weight [out, in] row-major: its transpose is the column-major [in, out] operand _scaled_mm wants
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale[None, :], out_dtype=x.dtype)
-        if self.bias is not None:
-            y = y + self.bias
+        # the bias in the GEMM's epilogue (no pass of its own over the output); fast accumulation, as torchao's
+        # float8 forward does: Hopper's fp8 MMA accumulates in reduced precision between its periodic promotions
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale[None, :], bias=bias,
+                             out_dtype=x.dtype, use_fast_accum=True)  # fmt: skip
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -7,8 +7,8 @@ magnitude of that head mapped to 448, and FA3 takes the scales as its descale fa
 run with the fp8 operands, the output in bf16). K is smoothed first: its mean over the sequence, per batch,
 head and channel, is subtracted. Every score of a query row then moves by the same amount (q · mean), which
 softmax ignores, and K's range shrinks to what differs between keys, so its fp8 steps are finer (the
-smoothing SageAttention uses). The quantization runs inside the op, as three reads of q/k/v and three
-one-byte writes.
+smoothing SageAttention uses). The quantization is ATen ops in the region graph, where Inductor fuses it
+with whatever makes q, k and v (norms, RoPE); only FA3's fp8 kernel is an opaque call.
 """
 
 from __future__ import annotations
@@ -32,11 +32,18 @@ def quantize_heads(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, descale[:, 0, :, 0]
 
 
-def fp8_attention(fwd, q, k, v, scale: float, smooth_k: bool = True) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v through an FA3 `_flash_attn_forward` with fp8 operands (module docstring)."""
+def quantize_qkv(q, k, v, smooth_k: bool = True):
+    """((q8, k8, v8), (dq, dk, dv)): the e4m3 operands and per-(batch, head) descales, K smoothed first. ATen ops
+    only: traced into the region graph by the attention pass, where Inductor fuses them with what makes q/k/v."""
     if smooth_k:
         k = k - k.mean(dim=1, keepdim=True)
     (q8, dq), (k8, dk), (v8, dv) = quantize_heads(q), quantize_heads(k), quantize_heads(v)
+    return (q8, k8, v8), (dq, dk, dv)
+
+
+def fp8_attention(fwd, q, k, v, scale: float, smooth_k: bool = True) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v through an FA3 `_flash_attn_forward` with fp8 operands (module docstring)."""
+    (q8, k8, v8), (dq, dk, dv) = quantize_qkv(q, k, v, smooth_k)
     out = fwd(q8, k8, v8, q_descale=dq, k_descale=dk, v_descale=dv, softmax_scale=scale, causal=False)[0]
     return out.to(q.dtype)
 
@@ -48,14 +55,25 @@ def _fa3_forward():
 
 
 @torch.library.custom_op("omni_compile::attention_fa3_fp8", mutates_args=())
-def attention_fa3_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    out = fp8_attention(_fa3_forward(), q, k, v, scale)
+def attention_fa3_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_descale: torch.Tensor,
+                      k_descale: torch.Tensor, v_descale: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+    """FA3's fp8 kernel on quantized operands ([B, S, H, D] e4m3, [B, H] fp32 descales) -> bf16 [B, S, H, D]."""
+    out = _fa3_forward()(q8, k8, v8, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                         softmax_scale=scale, causal=False)[0]  # fmt: skip
+    out = out.to(torch.bfloat16)
     return out if out.is_contiguous() else out.contiguous()
 
 
 @attention_fa3_fp8.register_fake
-def _(q, k, v, scale):
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+def _(q8, k8, v8, q_descale, k_descale, v_descale, scale):
+    return q8.new_empty((*q8.shape[:-1], v8.shape[-1]), dtype=torch.bfloat16)
+
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """What the attention pass puts in the region ("op" form, bf16 [B, S, H, D]): the quantization as ATen ops,
+    then one opaque call of FA3's fp8 kernel."""
+    (q8, k8, v8), (dq, dk, dv) = quantize_qkv(q, k, v)
+    return torch.ops.omni_compile.attention_fa3_fp8(q8, k8, v8, dq, dk, dv, scale)
 
 
 def _available_fp8(platform: Platform) -> str | None:
@@ -92,6 +110,6 @@ BACKEND = register(
         available=_available_fp8,
         head_dim=_head_dim,
         form="op",
-        load=lambda: torch.ops.omni_compile.attention_fa3_fp8.default,
+        load=lambda: attention_fp8,
     )
 )
