@@ -27,7 +27,8 @@
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
 #   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
 #   fp8        bench/e2e.py on W1 and W2 (FP8_WORKLOADS): stock, omni, omni/fp8, stock-fp8 (torchao float8 rowwise
-#              on the same Linears), FP8_MODES to change them; lossy: rel L2 against eager bf16 in the table
+#              on the same Linears), FP8_MODES to change them, FP8_PROFILE the modes profiled; lossy: rel L2 against
+#              eager bf16 in the table
 #   stepcache  bench/step_cache.py on the W1-sized FLUX pipeline (1024², 28 steps): each step cache setting's
 #              seconds per image, computed share, one-step and final-latent rel L2, PSNR (STEP_CACHE_ARGS: more
 #              options, e.g. --fp8 for every setting again with fp8 GEMMs)
@@ -112,7 +113,7 @@ for stage in "$@"; do
     fp8)
       for w in ${FP8_WORKLOADS:-W1 W2}; do
         run "fp8_$w" 400 python3 -P bench/e2e.py --workloads "$w" --modes "${FP8_MODES:-stock,omni,omni/fp8,stock-fp8}" \
-          --json "$OUT/fp8_$w.json"
+          --profile-modes "${FP8_PROFILE:-}" --json "$OUT/fp8_$w.json"
       done ;;
     stepcache)
       # shellcheck disable=SC2086
