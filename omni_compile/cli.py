@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         "--weight-transforms",
         metavar="NAMES",
         help="load-time weight transforms, run once when weights are bound: fuse_projections (attention q/k/v "
-        "projections as one GEMM); comma list (fp8, lossy, is for omni_compile.compile only)",
+        "projections as one GEMM), fp8 (lossy: the blocks' Linears as fp8 GEMMs, sm89+ GPUs, bf16; the build "
+        "reports its cost); comma list",
     )
     b.add_argument(
         "--attention-backend",
@@ -264,6 +265,10 @@ def _cmd_verify(args, console) -> int:
             "parity step vs eager: " + ", ".join(f"{k} rel L2 {v:.2e}" for k, v in result["parity"].items())
             + f" (bound {result['bound']:.0e}); {result['compilations']} compilation(s) while loading and running"
         )
+        if "lossy" in result:  # lossy options always print their error
+            lossy = result["lossy"]
+            console.print(f"{', '.join(lossy['transforms'])} (lossy): rel L2 against the model as given "
+                          + ", ".join(f"{k} {v:.2e}" for k, v in lossy["rel_l2_vs_lossless"].items()))  # fmt: skip
     return 0 if result["ok"] else 1
 
 

@@ -19,9 +19,10 @@ element is the same dot product.
 at run time), except the modulation Linears (a Linear whose parent is a norm module, such as
 AdaLayerNormZero's) and those whose sizes the fp8 GEMM cannot take. Embedders, the final projection and
 the rest of the glue stay as they are. It runs on CUDA GPUs of compute capability 8.9 or more with a bf16
-model (`OMNI_COMPILE_FP8_ANY_DEVICE=1` lets it run elsewhere, slowly, for tests), in `omni_compile.compile`
-only: artifacts do not take it yet. It needs the repeated blocks, which `compile` passes (the regions'
-instances, found before the transforms run).
+model (`OMNI_COMPILE_FP8_ANY_DEVICE=1` lets it run elsewhere, slowly, for tests). It needs the repeated
+blocks, which `compile`, a build and `load` pass (the regions' instances, found before the transforms run).
+A build checks its compiled regions against the eager model after the same transform (lossless bound) and
+reports the cost against the model as given (`parity.buckets[*].rel_l2_vs_lossless` in the build report).
 """
 
 from __future__ import annotations
@@ -93,23 +94,32 @@ def fuse_projections(model: nn.Module, blocks: list[nn.Module] | None = None) ->
     return fused
 
 
-def _check_fp8_device(model: nn.Module) -> None:
+def fp8_device_error(device: str | torch.device, dtype: torch.dtype) -> str | None:
+    """Why fp8 GEMMs cannot run for a model of `dtype` on `device`, or None (OMNI_COMPILE_FP8_ANY_DEVICE=1 lifts
+    the check: the CPU tests)."""
     from omni_compile import envs
 
-    param = next(model.parameters(), None)
-    if param is None or envs.fp8_any_device():
-        return
-    where = str(param.device)
-    if param.device.type != "cuda":
-        raise ConfigError(f"weight transform fp8 needs a CUDA GPU of compute capability 8.9 or more (Ada, Hopper, "
-                          f"Blackwell); the model is on {where}. Leave fp8 off here")  # fmt: skip
-    cap = torch.cuda.get_device_capability(param.device)
+    if envs.fp8_any_device():
+        return None
+    device = torch.device(device)
+    if device.type != "cuda":
+        return (f"weight transform fp8 needs a CUDA GPU of compute capability 8.9 or more (Ada, Hopper, "
+                f"Blackwell); the model is on {device}. Leave fp8 off here")  # fmt: skip
+    cap = torch.cuda.get_device_capability(device)
     if cap < (8, 9):
-        raise ConfigError(f"weight transform fp8 needs compute capability 8.9 or more; {where} "
-                          f"({torch.cuda.get_device_name(param.device)}) is {cap[0]}.{cap[1]}. Leave fp8 off here")  # fmt: skip
-    if param.dtype != torch.bfloat16:
-        raise ConfigError(f"weight transform fp8 takes a bf16 model (the fp8 GEMM writes bf16); this one is "
-                          f"{str(param.dtype).removeprefix('torch.')}")  # fmt: skip
+        return (f"weight transform fp8 needs compute capability 8.9 or more; {device} "
+                f"({torch.cuda.get_device_name(device)}) is {cap[0]}.{cap[1]}. Leave fp8 off here")  # fmt: skip
+    if dtype != torch.bfloat16:
+        return (f"weight transform fp8 takes a bf16 model (the fp8 GEMM writes bf16); this one is "
+                f"{str(dtype).removeprefix('torch.')}")  # fmt: skip
+    return None
+
+
+def _check_fp8_device(model: nn.Module) -> None:
+    param = next(model.parameters(), None)
+    why = None if param is None else fp8_device_error(param.device, param.dtype)
+    if why:
+        raise ConfigError(why)
 
 
 def fp8_targets(blocks: list[nn.Module]) -> tuple[list[tuple[nn.Module, str, nn.Linear]], list[str]]:
@@ -156,7 +166,7 @@ def quantize_fp8(model: nn.Module, blocks: list[nn.Module] | None = None) -> int
 # name -> fn(model, blocks) -> modules changed; `blocks` (the repeated blocks, None where the caller has none) for
 # the transforms that change only the blocks
 TRANSFORMS: dict[str, Callable[..., int]] = {"fuse_projections": fuse_projections, "fp8": quantize_fp8}
-LOSSY = {"fp8"}  # transforms that change values: omni_compile.compile only, never an artifact (not yet)
+LOSSY = {"fp8"}  # transforms that change values: a build reports their cost against the model as given
 
 
 def check_transforms(names: list[str]) -> None:
@@ -180,5 +190,5 @@ def apply_transforms(model: nn.Module, names: list[str], blocks: list[nn.Module]
     return done
 
 
-__all__ = ["FUSED_FROM", "LOSSY", "TRANSFORMS", "apply_transforms", "check_transforms", "fp8_targets",
-           "fuse_projections", "quantize_fp8"]
+__all__ = ["FUSED_FROM", "LOSSY", "TRANSFORMS", "apply_transforms", "check_transforms", "fp8_device_error",
+           "fp8_targets", "fuse_projections", "quantize_fp8"]

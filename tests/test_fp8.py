@@ -104,8 +104,48 @@ def test_refusals(tmp_path, subprocess_env, monkeypatch):
     with pytest.raises(ConfigError, match="fp8 and fuse_projections do not go together yet"):
         apply_transforms(model, ["fuse_projections", "fp8"])
     proc = cli("build", "flux-tiny", "--weight-transforms", "fp8", "--out", str(tmp_path / "a"), env=subprocess_env)
-    assert_user_error(proc, "weight transform fp8 is lossy and artifacts do not take it yet")
+    assert_user_error(proc, "weight transform fp8 needs a CUDA GPU of compute capability 8.9 or more (Ada, Hopper, "
+                            "Blackwell); the model is on cpu. Leave fp8 off here")  # fmt: skip
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.compile
+def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env, fresh_dynamo, any_device):
+    """An fp8 artifact: the build checks the compiled regions against the eager fp8 model (lossless bound) and
+    prints and reports the cost against the model as given; loading quantizes the given weights (the weights
+    check passes on the quantized ones), compiles nothing, and computes what the eager fp8 model does; verify
+    reports the cost too."""
+    import copy
+    import json
+
+    from omni_compile.artifact.loader import verify
+
+    art = tmp_path / "fp8"
+    env = dict(subprocess_env, OMNI_COMPILE_FP8_ANY_DEVICE="1")
+    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--weight-transforms", "fp8", "--out", str(art),
+               env=env, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fp8 (lossy): rel L2 against the model as given 64x64 " in proc.stdout + proc.stderr
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["build"]["compile_config"]["weight_transforms"] == ["fp8"]
+    assert manifest["weights"]["transforms"] == {"fp8": 34}
+    (bucket,) = json.loads((art / "report" / "build_report.json").read_text())["parity"]["buckets"].values()
+    assert bucket["rel_l2_vs_eager"] < 1e-4, bucket  # compiled = eager fp8
+    assert 1e-4 < bucket["rel_l2_vs_lossless"] < 2e-2, bucket  # the documented fp8 cost
+
+    model, inputs = _flux_tiny()
+    eager8 = copy.deepcopy(model)
+    apply_transforms(eager8, ["fp8"], _blocks(eager8))
+    with torch.no_grad():
+        expected = eager8(**inputs)[0]
+    with counters.expect(weight_transforms=34):
+        loaded = omni_compile.load(art, weights=model)
+    with counters.expect(weight_transforms=0, regions_compiled=0), torch.no_grad():
+        out = loaded(**inputs)[0]
+    assert rel_l2(out, expected) < 1e-4
+    result = verify(art)
+    assert result["ok"] and result["compilations"] == 0, result
+    assert result["lossy"]["transforms"] == ["fp8"] and 1e-4 < result["lossy"]["rel_l2_vs_lossless"]["64x64"] < 2e-2
 
 
 def _sm89() -> bool:

@@ -311,6 +311,19 @@ def load(
     return model
 
 
+def _transform(model: nn.Module, manifest: Manifest) -> list[str]:
+    """Run the build's weight transforms on `model` (what the compiled files are bound to: the weights after
+    them; a transform already done is not done twice); returns the lossy ones."""
+    from omni_compile.weights import LOSSY, apply_transforms
+
+    transforms = manifest.build.compile_config.get("weight_transforms") or []
+    if transforms:
+        modules = dict(model.named_modules())  # the regions' instances: fp8 changes those blocks only
+        blocks = [modules[p] for r in manifest.regions if r.kind == "block" for p in r.instances if p in modules]
+        apply_transforms(model, transforms, blocks)
+    return [t for t in transforms if t in LOSSY]
+
+
 def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
     """`load` after `check`: the weights check, then the JIT fallback or the compiled files."""
     t0 = time.perf_counter()
@@ -321,11 +334,7 @@ def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Mo
             "compute something else): " + "; ".join(cdiffs) + ". Load it into a model of the artifact's config, "
             "or build an artifact for this one"
         )
-    transforms = manifest.build.compile_config.get("weight_transforms") or []
-    if transforms:  # what the compiled files are bound to: the weights after the build's transforms
-        from omni_compile.weights import apply_transforms
-
-        apply_transforms(model, transforms)
+    _transform(model, manifest)
     wdiffs = weights_differences(manifest.weights["tensors"], model)
     if wdiffs:
         raise ArtifactError("the weights do not match the artifact's model: " + "; ".join(wdiffs))
@@ -374,6 +383,7 @@ def verify(
     (`ok` False when a bucket's output is off by more than the build's parity bound)."""
     from omni_compile.artifact.parity import PARITY_BOUND, bucket_output
     from omni_compile.config import ShapeBucket
+    from omni_compile.weights import LOSSY
 
     root = Path(artifact)
     manifest, diffs = check(root, device=device, jit_fallback=jit_fallback)
@@ -388,23 +398,36 @@ def verify(
     model = _model_for(manifest, weights, device, dtype)
     adapter = _adapter_for(manifest, model, example_inputs)
     text_len = manifest.build.text_len
-    references = {}
-    with torch.no_grad():
-        for b in manifest.build.buckets:
-            inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device, text_len=text_len,
-                                            seed=manifest.build.seed)  # fmt: skip
-            references[b] = (inputs, bucket_output(model(**inputs)).clone())
+
+    def eager_outputs() -> dict[str, tuple[dict, torch.Tensor]]:
+        out = {}
+        with torch.no_grad():
+            for b in manifest.build.buckets:
+                inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device,
+                                                text_len=text_len, seed=manifest.build.seed)  # fmt: skip
+                out[b] = (inputs, bucket_output(model(**inputs)).clone())
+        return out
+
+    references = eager_outputs()
+    lossless = {}
+    lossy = [t for t in (manifest.build.compile_config.get("weight_transforms") or []) if t in LOSSY]
+    if lossy:  # parity against the eager model after the same lossy transform; its cost against the model as given
+        lossless = {b: ref for b, (_, ref) in references.items()}
+        _transform(model, manifest)
+        references = eager_outputs()
     before = _compilations()
     loaded = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
     checks.append(f"config matches ({len(manifest.model.config)} fields)")
     checks.append(f"weights match ({len(manifest.weights['tensors'])} tensors, names, shapes and dtypes)")
-    parity = {}
+    parity, cost = {}, {}
     with torch.no_grad():
         for b, (inputs, ref) in references.items():
             got = bucket_output(loaded(**inputs))
             parity[b] = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+            if b in lossless:
+                cost[b] = float((got.double() - lossless[b].double()).norm() / lossless[b].double().norm())
     bound = PARITY_BOUND[dtype]
-    return {
+    result = {
         "artifact": str(root),
         "checks": checks,
         "parity": parity,
@@ -412,4 +435,7 @@ def verify(
         "compilations": _compilations() - before,
         "ok": all(v <= bound for v in parity.values()),
     }
+    if lossy:
+        result["lossy"] = {"transforms": lossy, "rel_l2_vs_lossless": cost}
+    return result
 

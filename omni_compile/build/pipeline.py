@@ -50,6 +50,8 @@ class BuildPipeline:
         self.transformed: dict[str, int] = {}  # weight transform -> modules it changed
         # bucket -> (example inputs, eager output of the model as given): the parity reference
         self.references: dict[str, tuple[dict, torch.Tensor]] = {}
+        # bucket -> the eager output of the model as given, when a lossy transform runs (the cost's reference)
+        self.lossless: dict[str, torch.Tensor] = {}
         self.regions: list = []  # graphs.Region, the repeated blocks
         self.targets: list = []  # artifact.aot.Target, what the compiler compiles
         self.traced: dict[str, torch.Tensor] = {}  # bucket -> the traced forward's output
@@ -73,13 +75,14 @@ class BuildPipeline:
 
     def resolve(self) -> None:
         """The model spec, targets and region compiler, checked before any slow work."""
-        from omni_compile.weights import LOSSY
+        from omni_compile.weights import check_transforms, fp8_device_error
 
-        lossy = [t for t in self.opts.compile.weight_transforms if t in LOSSY]
-        if lossy:
-            raise ConfigError(f"weight transform {lossy[0]} is lossy and artifacts do not take it yet (their parity "
-                              "check is lossless); use it with omni_compile.compile (docs/fast-mode.md)")  # fmt: skip
+        check_transforms(list(self.opts.compile.weight_transforms))
         self.session = BuildSession.resolve(self.opts)
+        if "fp8" in self.opts.compile.weight_transforms:  # refused before the model loads, nothing written
+            why = fp8_device_error(self.session.device, self.session.dtype)
+            if why:
+                raise ConfigError(why)
         self.compiler = select(self.opts, self.session.device)
         self.out = Path(self.opts.out) if self.opts.out else None
         if self.out is not None:
@@ -93,19 +96,30 @@ class BuildPipeline:
         self.model = s.load_model()
         self.timing["model_load_seconds"] = round(time.perf_counter() - t0, 3)
         # Load-time weight transforms run before the trace: the compiled regions take the transformed weights.
-        # The parity reference stays the model as given (its eager output per bucket, taken first).
+        # The parity reference is the model as given (its eager output per bucket, taken first); after a lossy
+        # transform it is the transformed eager model, and the model as given is what the cost is measured on.
+        from omni_compile.weights import LOSSY, apply_transforms
+
         transforms = list(self.opts.compile.weight_transforms)
         if transforms or not self.compiler.eager_trace:
-            with torch.no_grad():
-                for bucket in s.buckets:
-                    inputs = s.example_inputs(self.model, bucket)
-                    self.references[str(bucket)] = (inputs, bucket_output(self.model(**inputs)).clone())
+            self.references = self._eager_outputs()
         if transforms:
-            from omni_compile.weights import apply_transforms
-
-            self.transformed = apply_transforms(self.model, transforms)
+            blocks = [m for r in find_regions(self.model, s.spec.block_names(self.model)) for _, m in r.instances]
+            self.transformed = apply_transforms(self.model, transforms, blocks)
             done = ", ".join(f"{n} ({k} modules)" for n, k in self.transformed.items())
             self.events.on_stage(f"weight transforms: {done}")
+            if any(t in LOSSY for t in transforms):
+                self.lossless = {b: ref for b, (_, ref) in self.references.items()}
+                self.references = self._eager_outputs()
+
+    def _eager_outputs(self) -> dict[str, tuple[dict, torch.Tensor]]:
+        """bucket -> (example inputs, the model's eager output on them), for every bucket."""
+        s, out = self.session, {}
+        with torch.no_grad():
+            for bucket in s.buckets:
+                inputs = s.example_inputs(self.model, bucket)
+                out[str(bucket)] = (inputs, bucket_output(self.model(**inputs)).clone())
+        return out
 
     def find_regions(self) -> None:
         """The repeated blocks (`graphs.find_regions`) and what the compiler compiles of the model."""
@@ -159,6 +173,15 @@ class BuildPipeline:
         if parity is None:
             outputs = self.compiler.compiled_outputs(self, tmp)
             parity = {b: _parity(outputs[b], ref) for b, (_, ref) in self.references.items()}
+            for b, ref in self.lossless.items():  # a lossy transform's cost: against the model as given
+                parity[b]["rel_l2_vs_lossless"] = _rel_l2(outputs[b], ref)
+        lossy = {b: p["rel_l2_vs_lossless"] for b, p in parity.items() if "rel_l2_vs_lossless" in p}
+        if lossy:  # lossy options always print their error
+            from omni_compile.weights import LOSSY
+
+            names = ", ".join(t for t in self.opts.compile.weight_transforms if t in LOSSY)
+            self.events.on_stage(f"{names} (lossy): rel L2 against the model as given "
+                                 + ", ".join(f"{b} {e:.2e}" for b, e in lossy.items()))  # fmt: skip
         bad = [b for b, p in parity.items() if not p["finite"] or p["rel_l2_vs_eager"] > PARITY_BOUND[dtype]]
         if bad:
             raise OmniCompileError(
@@ -187,10 +210,13 @@ class BuildPipeline:
         return self.compiler.result(self, report)
 
 
+def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
 def _parity(got: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
-    err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-    return {"rel_l2_vs_eager": err, "finite": bool(torch.isfinite(got).all()), "output_shape": list(got.shape),
-            "checked": "here"}  # fmt: skip
+    return {"rel_l2_vs_eager": _rel_l2(got, ref), "finite": bool(torch.isfinite(got).all()),
+            "output_shape": list(got.shape), "checked": "here"}  # fmt: skip
 
 
 def _compilations() -> dict[str, int]:
