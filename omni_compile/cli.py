@@ -65,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         "reports its cost); comma list",
     )
     b.add_argument(
+        "--precision",
+        choices=["lossless", "fp8"],
+        default=None,
+        help="fp8: the weight transform fp8 (lossy, opt-in; the build prints and reports its cost against the "
+        "model as given); lossless (default): as the model is",
+    )
+    b.add_argument(
         "--attention-backend",
         metavar="NAME",
         help="default attention backend: auto (on a GPU: the fastest capable one, measured), TORCH_SDPA, CUDNN_ATTN, "

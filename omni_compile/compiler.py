@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from omni_compile import envs
-from omni_compile.config import CompileConfig
+from omni_compile.config import CompileConfig, with_precision
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
 from omni_compile.graphs import Region, find_regions, graph_hash, input_signature
@@ -264,6 +264,7 @@ def compile(
     on_region_compiled: Callable[[RegionCompile], None] | None = None,
     adapter=None,
     cuda_graphs: bool = False,
+    precision: str | None = None,
 ) -> nn.Module:
     """Compile `model`'s regions with Inductor and our passes (JIT, on first call per bucket).
 
@@ -272,12 +273,14 @@ def compile(
     model family's adapter (default: found from the model's class), which maps attention modules to
     roles. `cuda_graphs` (a model on a CUDA GPU): the whole forward, regions and glue, replays one CUDA
     graph per bucket, captured on the first call of that bucket after its regions compiled (inference
-    only; see `omni_compile.runtime.cuda_graphs` for the contract). Returns the same module, whose
-    forward signature is unchanged.
+    only; see `omni_compile.runtime.cuda_graphs` for the contract). `precision="fp8"` (lossy, opt-in): the
+    weight transform fp8, the blocks' Linears as fp8 GEMMs (docs/fast-mode.md); None or "lossless": as the
+    model is. Returns the same module, whose forward signature is unchanged.
     """
     if isinstance(config, dict):
         config = CompileConfig.from_dict(config)
     config = config or CompileConfig()
+    config = with_precision(config, precision)
     if getattr(model, "_omni_compile", None) is not None:
         raise ConfigError("this model is already compiled by omni-compile; call omni_compile.uncompile(model) first")
     platform = current_platform(_model_device(model))

@@ -208,6 +208,21 @@ def json_arg(value: str | None, what: str) -> dict[str, Any] | None:
     return data
 
 
+PRECISIONS = ("lossless", "fp8")
+
+
+def with_precision(config: CompileConfig, precision: str | None) -> CompileConfig:
+    """`config` with what `precision` asks: "fp8" adds the lossy weight transform fp8; None or "lossless" leaves it
+    (a copy when it changes: the caller's config is never modified)."""
+    if precision is None or precision == "lossless":
+        return config
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; choose {' or '.join(PRECISIONS)}")
+    if "fp8" in config.weight_transforms:
+        return config
+    return dataclasses.replace(config, weight_transforms=[*config.weight_transforms, "fp8"])
+
+
 def compile_config_from_flags(args) -> CompileConfig:
     """The CompileConfig of `--config`, `--passes`, `--kernels`, `--attention` and `--attention-backend`
     (build and inspect take the same flags)."""
@@ -220,6 +235,7 @@ def compile_config_from_flags(args) -> CompileConfig:
         names = [t.strip() for t in transforms.split(",") if t.strip()]
         check_transforms(names)
         config.weight_transforms = [*config.weight_transforms, *(n for n in names if n not in config.weight_transforms)]
+    config = with_precision(config, getattr(args, "precision", None))
     if args.kernels:
         from omni_compile.ops.registry import parse_kernel_items
 

@@ -87,7 +87,7 @@ def test_compiled_fp8_matches_eager_fp8_and_reports_its_cost(any_device, fresh_d
     with torch.no_grad():
         expected = eager8(**inputs)[0]
     with counters.expect(weight_transforms=34, regions_compiled=2):
-        omni_compile.compile(model, omni_compile.CompileConfig(weight_transforms=["fp8"]))
+        omni_compile.compile(model, precision="fp8")
         with torch.no_grad():
             out = model(**inputs)[0]
     assert rel_l2(out, expected) < 1e-5  # the compiled regions compute what the eager fp8 model does
@@ -101,6 +101,10 @@ def test_refusals(tmp_path, subprocess_env, monkeypatch):
     with pytest.raises(ConfigError, match="fp8 needs a CUDA GPU of compute capability 8.9 or more .* on cpu"):
         omni_compile.compile(model, omni_compile.CompileConfig(weight_transforms=["fp8"]))
     assert not any(isinstance(m, Fp8Linear) for m in model.modules())
+    with pytest.raises(ConfigError, match="unknown precision 'int4'; choose lossless or fp8"):
+        omni_compile.compile(model, precision="int4")
+    with pytest.raises(ConfigError, match="fp8 needs a CUDA GPU of compute capability 8.9 or more .* on cpu"):
+        omni_compile.compile(model, precision="fp8")
     with pytest.raises(ConfigError, match="fp8 and fuse_projections do not go together yet"):
         apply_transforms(model, ["fuse_projections", "fp8"])
     proc = cli("build", "flux-tiny", "--weight-transforms", "fp8", "--out", str(tmp_path / "a"), env=subprocess_env)
@@ -122,8 +126,8 @@ def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env
 
     art = tmp_path / "fp8"
     env = dict(subprocess_env, OMNI_COMPILE_FP8_ANY_DEVICE="1")
-    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--weight-transforms", "fp8", "--out", str(art),
-               env=env, timeout=900)  # fmt: skip
+    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--precision", "fp8", "--out", str(art), env=env,
+               timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fp8 (lossy): rel L2 against the model as given 64x64 " in proc.stdout + proc.stderr
     manifest = json.loads((art / "manifest.json").read_text())
