@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from omni_compile.config import region_list
+    from omni_compile.argtypes import region_list
 
     p = _Parser(prog="omni-compile", description="Compile diffusion transformers region by region.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from omni_compile.argtypes import region_list  # noqa: F401  (its home before argtypes)
 from omni_compile.errors import ConfigError
 
 DTYPES = {
@@ -177,16 +178,6 @@ class CompileConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def region_list(text: str) -> list[str]:
-    """The value of --regions: 'A,B' -> ['A', 'B'], block class names (an argparse type)."""
-    import argparse
-
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names or not all(n.isidentifier() for n in names):
-        raise argparse.ArgumentTypeError(f"expected block class names like FluxTransformerBlock,MyBlock, got {text!r}")
-    return names
 
 
 def json_arg(value: str | None, what: str) -> dict[str, Any] | None:

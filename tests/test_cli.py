@@ -197,3 +197,24 @@ def test_required_kernel_missing_on_cpu_is_a_clear_error(subprocess_env, tmp_pat
     assert not (tmp_path / "o").exists()
     assert_user_error(cli("build", "--kernels", "rms_norm=cuda", env=env), "kernel choice rms_norm='cuda' is not valid")
     assert_user_error(cli("build", "--kernels", "nope=triton", env=env), "kernel choice for unknown fused op 'nope'")
+
+
+def test_help_imports_no_torch(subprocess_env):
+    """`omni-compile --help` and every command's `--help` build the parser without importing torch, diffusers or
+    FastAPI (issue 22: help under a second; what is imported, not a timing)."""
+    code = (
+        "import sys\n"
+        "from omni_compile.cli import main\n"
+        "for argv in (['--help'], ['build', '--help'], ['serve', '--help'], ['inspect', '--help'], ['cache', '--help'],"
+        " ['verify', '--help'], ['pipeline', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (argv, e.code)\n"
+        "heavy = sorted(m for m in ('torch', 'diffusers', 'fastapi', 'transformers') if m in sys.modules)\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-P", "-c", code], env=subprocess_env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HEAVY []" in proc.stderr, proc.stderr[-2000:]

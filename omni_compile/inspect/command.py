@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from omni_compile.config import region_list
+    from omni_compile.argtypes import region_list
 
     p.add_argument("target", nargs="?", default=None,
                    help="an artifact directory (read from its stored dumps), or a model: preset, diffusers directory "
