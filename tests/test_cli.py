@@ -214,7 +214,7 @@ def test_help_imports_no_torch(subprocess_env):
         "heavy = sorted(m for m in ('torch', 'diffusers', 'fastapi', 'transformers') if m in sys.modules)\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
     )
-    proc = subprocess.run([sys.executable, "-P", "-c", code], env=subprocess_env, capture_output=True, text=True, check=False,
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-P", "-c", code], env=subprocess_env, capture_output=True, text=True,
+                          check=False, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "HEAVY []" in proc.stderr, proc.stderr[-2000:]
