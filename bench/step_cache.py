@@ -8,7 +8,8 @@
 One FLUX pipeline of a preset (seeded random weights: `omni_compile.models.flux_pipeline`), its transformer
 compiled by `omni_compile.compile` (JIT, no whole-step CUDA graphs: step caching cannot run under them).
 Settings, each on the same prompt and seed (--settings; `off` is the lossless reference and comes first):
-`off`, `first_block[:THRESHOLD[:WARMUP]]`, `schedule[:FRACTION[:WARMUP]]`. With random weights a threshold's
+`off`, `first_block[:THRESHOLD[:WARMUP]]`, `schedule[:FRACTION[:WARMUP]]`, `taylor[:FRACTION[:WARMUP]]`. With
+random weights a threshold's
 skip rate says little about a trained model's, so fixed schedules (100/75/50% of the steps after the warm-up)
 are measured beside the default threshold.
 
@@ -46,7 +47,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (default 8 for flux-tiny, 28 otherwise)")
     ap.add_argument("--dtype", default=None, help="fp32 or bf16 (default fp32 on a CPU, bf16 on a GPU)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--settings", default="off,first_block,schedule:1,schedule:0.75,schedule:0.5")
+    ap.add_argument("--settings", default="off,first_block,schedule:1,schedule:0.75,schedule:0.5,taylor:0.5")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fp8", action="store_true", help="compile with the lossy weight transform fp8 (sm89+ GPUs); "

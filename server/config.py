@@ -39,6 +39,7 @@ class ServeConfig:
     model_name: str | None = None
     """The model id in /v1/models and responses (default: the artifact directory's name)."""
     step_cache: str | None = None
-    """Lossy step caching (`first_block[:THRESHOLD]` or `schedule[:FRACTION[:WARMUP]]`), the setting of requests
+    """Lossy step caching (`first_block[:THRESHOLD]`, `schedule[:FRACTION[:WARMUP]]` or `taylor[:FRACTION[:WARMUP]]`),
+    the setting of requests
     that do not give one; requests may give their own or "off". None: off, and requests cannot ask for it.
     Whole-step CUDA graphs are off when it is on."""

@@ -21,7 +21,7 @@ class ImageRequest(BaseModel):
     seed: StrictInt | None = None
     num_inference_steps: StrictInt | None = None
     guidance_scale: StrictFloat | StrictInt = 3.5
-    step_cache: StrictStr | None = None  # "off", first_block[:THRESHOLD[:WARMUP]], schedule[:FRACTION[:WARMUP]]
+    step_cache: StrictStr | None = None  # "off", first_block[...], schedule[...], taylor[...]
 
 
 class ImageData(BaseModel):

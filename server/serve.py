@@ -45,7 +45,8 @@ def add_serve_arguments(p) -> None:
     p.add_argument("--model-name", help="model id in /v1/models (default: the artifact directory's name)")
     p.add_argument("--step-cache", metavar="SETTING", help="lossy step caching for requests that do not set "
                    "'step_cache': first_block[:THRESHOLD] (skip the blocks after the first while its output changes "
-                   "little) or schedule[:FRACTION[:WARMUP]] (compute FRACTION of the steps after WARMUP). Requests may "
+                   "little), schedule[:FRACTION[:WARMUP]] (compute FRACTION of the steps after WARMUP) or "
+                   "taylor[:FRACTION[:WARMUP]] (the schedule, skipped steps forecast to first order). Requests may "
                    "set their own or 'off'. Turns whole-step CUDA graphs off (default: no step caching)")
     p.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
 

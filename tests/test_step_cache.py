@@ -19,15 +19,17 @@ def test_settings_and_their_bounds():
     assert StepCacheConfig.parse("schedule:0.5:4") == StepCacheConfig("schedule", fraction=0.5, warmup=4)
     assert StepCacheConfig.parse("first_block:0.2:5").text() == "first_block:0.2:5"
     assert StepCacheConfig.parse("schedule:1").text() == "schedule:1:2"
+    assert StepCacheConfig.parse("taylor:0.25:3") == StepCacheConfig("taylor", fraction=0.25, warmup=3)
+    assert "forecast to first order" in StepCacheConfig.parse("taylor").describe()
     bad = {
         "first_block:0": "threshold must be a number in (0, 1], not 0.0",
         "first_block:1.5": "threshold must be a number in (0, 1], not 1.5",
         "schedule:-0.5": "fraction must be a number in (0, 1], not -0.5",
         "schedule:0.5:0": "warmup must be an integer from 1 to 1000",
         "schedule:0.5:2.5": "warmup must be an integer",
-        "schedule:x": "expected first_block[:THRESHOLD[:WARMUP]] or schedule[:FRACTION[:WARMUP]]",
+        "schedule:x": "expected first_block[:THRESHOLD[:WARMUP]], schedule[:FRACTION[:WARMUP]] or taylor",
         "first_block:0.1:2:3": "expected first_block[:THRESHOLD[:WARMUP]]",
-        "teacache": "step cache method 'teacache' is unknown; the methods are first_block, schedule",
+        "teacache": "step cache method 'teacache' is unknown; the methods are first_block, schedule, taylor",
     }
     for text, message in bad.items():
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
@@ -86,6 +88,20 @@ def test_unregistered_block_classes_are_named():
         enable_step_cache(model)
 
 
+def test_taylor_forecasts_the_residual_linearly():
+    """The forecast from the last two computed steps (s0, r0), (s1, r1): r1 + (r1 - r0)(s - s1)/(s1 - s0), per
+    stream (a block without a text stream has None there); with one computed step, r1 as it is."""
+    from omni_compile.runtime.step_cache import forecast
+
+    r0 = (torch.tensor([1.0, 2.0]), torch.tensor([0.0]))
+    r1 = (torch.tensor([2.0, 2.5]), torch.tensor([1.0]))
+    got = forecast(((2, r0), (4, r1)), 5)  # half a computed interval on
+    assert torch.equal(got[0], torch.tensor([2.5, 2.75])) and torch.equal(got[1], torch.tensor([1.5]))
+    assert torch.equal(forecast(((1, (r0[0], None)), (2, (r1[0], None))), 4)[0], torch.tensor([4.0, 3.5]))
+    assert forecast(((2, (r0[0], None)), (3, (r1[0], None))), 4)[1] is None
+    assert forecast(((3, r1),), 5) is r1
+
+
 def _tiny_flux(dtype=torch.float32):
     from omni_compile.models import resolve_model
 
@@ -129,8 +145,15 @@ def test_skips_counted_no_recompiles_lossless_when_nothing_is_skipped(fresh_dyna
         assert 1e-4 < rel(skipped, lossless) < 0.1
         assert torch.equal(run(), skipped) and cache.stats.to_json() == {"steps": 16, "computed": 10,
                                                                           "fraction_computed": 0.625}  # fmt: skip
+        cache.set_config(StepCacheConfig("taylor", fraction=0.5))  # same schedule, the skipped steps forecast
+        forecast = run()
+        assert (cache.stats.steps, cache.stats.computed) == (24, 15)
+        assert 1e-4 < rel(forecast, lossless) < 0.1 and rel(forecast, skipped) > 1e-4  # it adds something else
+        assert torch.equal(run(), forecast)  # the history resets with the pipeline call too
+        cache.set_config(StepCacheConfig("taylor", fraction=1.0))
+        assert rel(run(), lossless) < 1e-6  # nothing skipped: nothing forecast
         cache.set_config(StepCacheConfig("schedule", fraction=1.0))  # the server's per-request switch
-        assert rel(run(), lossless) < 1e-6 and cache.stats.computed == 18
+        assert rel(run(), lossless) < 1e-6 and cache.stats.computed == 36
         omni_compile.disable_step_cache(pipe)
         assert rel(run(), lossless) < 1e-6
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # nothing traced again

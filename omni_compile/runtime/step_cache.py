@@ -10,6 +10,9 @@ block's output. They differ in who decides:
 - `first_block`: diffusers' rule. The rest runs when the first block's residual moved by more than
   `threshold` (mean absolute change over mean absolute value) since the last computed step.
 - `schedule`: a fixed schedule: a `fraction` of the steps after the warm-up, spread evenly.
+- `taylor`: the same schedule, and a skipped step forecasts the residual rather than reusing it (TaylorSeer's
+  idea, to first order): from the residuals r0, r1 of the last two computed steps s0 < s1, step s adds
+  r1 + (r1 - r0) (s - s1) / (s1 - s0). Before two steps are computed it reuses r1, as `schedule` does.
 
 With either, the first `warmup` steps of each inference run every block. It fixes the share of computed steps, which a threshold does not (and with
   random weights a threshold's skip rate says little about real ones).
@@ -35,7 +38,7 @@ from torch import nn
 
 from omni_compile.errors import ConfigError
 
-METHODS = ("first_block", "schedule")
+METHODS = ("first_block", "schedule", "taylor")
 _HEAD_HOOK = "omni_step_cache_head"
 _BLOCK_HOOK = "omni_step_cache_block"
 MAX_WARMUP = 1000
@@ -44,8 +47,9 @@ MAX_WARMUP = 1000
 @dataclass(frozen=True)
 class StepCacheConfig:
     """`method`: "first_block" (skip when the first block's residual changed by at most `threshold`, in
-    (0, 1]) or "schedule" (compute `fraction`, in (0, 1], of the steps after the warm-up); with either, the
-    first `warmup` steps of an inference are computed."""
+    (0, 1]), "schedule" (compute `fraction`, in (0, 1], of the steps after the warm-up) or "taylor" (the
+    schedule, skipped steps forecast to first order); with each, the first `warmup` steps of an inference are
+    computed."""
 
     method: str = "first_block"
     threshold: float = 0.05
@@ -66,11 +70,12 @@ class StepCacheConfig:
     @classmethod
     def parse(cls, text: str) -> StepCacheConfig:
         """`first_block`, `first_block:0.1`, `first_block:0.1:3` (threshold, warmup), `schedule:0.5` or
-        `schedule:0.5:3` (fraction, warmup)."""
+        `schedule:0.5:3` (fraction, warmup), and `taylor` as `schedule`."""
         method, *values = text.strip().split(":")
         if method not in METHODS:
             cls(method)  # the unknown-method error
-        usage = f"step cache {text!r}: expected first_block[:THRESHOLD[:WARMUP]] or schedule[:FRACTION[:WARMUP]]"
+        usage = (f"step cache {text!r}: expected first_block[:THRESHOLD[:WARMUP]], schedule[:FRACTION[:WARMUP]] or "
+                 "taylor[:FRACTION[:WARMUP]]")
         try:
             numbers = [float(v) for v in values]
         except ValueError:
@@ -99,7 +104,8 @@ class StepCacheConfig:
     def describe(self) -> str:
         if self.method == "first_block":
             return f"first_block (threshold {self.threshold:g}, after {self.warmup} computed steps)"
-        return f"schedule ({self.fraction:.0%} of the steps after {self.warmup} computed)"
+        forecast = ", skipped steps forecast to first order" if self.method == "taylor" else ""
+        return f"{self.method} ({self.fraction:.0%} of the steps after {self.warmup} computed{forecast})"
 
 
 # Every step computed: what a request that asks for no step caching runs with on a server that has it.
@@ -263,17 +269,37 @@ def _head_hook(manager, config: StepCacheConfig, stats: StepCacheStats):
             state = self.state_manager.get_state()
             step = getattr(state, "omni_step", 0)
             state.omni_step = step + 1
+            if getattr(state, "omni_fresh", False):  # the tail stored the residuals of the step computed last
+                state.omni_history = (*getattr(state, "omni_history", ())[-1:], (state.omni_computed_at,
+                                                                                 state.tail_block_residuals))  # fmt: skip
             if step < self.config.warmup or state.head_block_residual is None or state.tail_block_residuals is None:
                 compute = True  # the warm-up, or nothing cached yet in this inference
-            elif self.config.method == "schedule":
+            elif self.config.method in ("schedule", "taylor"):
                 compute = self.config.computes(step)
             else:
                 self.threshold = self.config.threshold
                 compute = super()._should_compute_remaining_blocks(hidden_states_residual)
+            state.omni_fresh = compute
+            if compute:
+                state.omni_computed_at = step
+            elif self.config.method == "taylor":  # what the head adds next: the forecast (the history stays)
+                state.tail_block_residuals = forecast(state.omni_history, step)
             stats.record(compute)
             return compute
 
     return StepCacheHead()
+
+
+def forecast(history, step: int):
+    """The tail residuals at `step` from the last computed ones, `history` ((step, residuals), ...) oldest first:
+    linear through the last two (a first-order Taylor step on their finite difference), else the last as is.
+    `residuals` is (hidden states', text stream's or None)."""
+    (s1, r1) = history[-1]
+    if len(history) < 2:
+        return r1
+    (s0, r0) = history[-2]
+    k = (step - s1) / (s1 - s0)
+    return tuple(None if a is None else a + (a - b) * k for a, b in zip(r1, r0))
 
 
 def disable_step_cache(target) -> None:
