@@ -150,6 +150,44 @@ def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env
     result = verify(art)
     assert result["ok"] and result["compilations"] == 0, result
     assert result["lossy"]["transforms"] == ["fp8"] and 1e-4 < result["lossy"]["rel_l2_vs_lossless"]["64x64"] < 2e-2
+    from omni_compile.inspect import InspectOptions, inspect
+
+    report = inspect(InspectOptions(target=str(art)), tmp_path / "inspect")  # the build's figure, as it reported it
+    assert report["quality"] == {"lossy": ["weight transform fp8"],
+                                 "buckets": {"64x64": {"rel_l2_vs_lossless": bucket["rel_l2_vs_lossless"]}}}
+
+
+@pytest.mark.compile
+def test_inspect_reports_the_cost_of_fp8(tmp_path, any_device, fresh_dynamo):
+    """`inspect flux-tiny --precision fp8`: the compiled fp8 model's output against the model as given, per bucket,
+    in the report (schema-valid) and in the summary line."""
+    import io
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from omni_compile.config import CompileConfig
+    from omni_compile.inspect import InspectOptions, inspect
+    from omni_compile.inspect.report import print_summary
+
+    opts = InspectOptions(target="flux-tiny", shapes="64x64", compile=CompileConfig(weight_transforms=["fp8"]),
+                          dynamo=False)  # fmt: skip
+    report = inspect(opts, tmp_path)
+    quality = report["quality"]
+    assert quality["lossy"] == ["weight transform fp8"] and list(quality["buckets"]) == ["64x64"]
+    assert 1e-4 < quality["buckets"]["64x64"]["rel_l2_vs_lossless"] < 2e-2, quality
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((Path(omni_compile.__file__).parent / "inspect" / "schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(report)), schema, cls=jsonschema.Draft202012Validator)
+    out = io.StringIO()
+    print_summary(Console(file=out, width=200), report)
+    assert "quality: weight transform fp8 (lossy): rel L2 against the model as given 64x64 " in out.getvalue()
+    from omni_compile.inspect.collect import lossy_options
+
+    lossy_attention = CompileConfig(attention={"default": {"backend": "CUDNN_ATTN"},
+                                               "per_role": {"flux.joint": {"backend": "SAGE_ATTN"}}})  # fmt: skip
+    assert lossy_options(lossy_attention) == ["attention SAGE_ATTN"] and lossy_options(CompileConfig()) == []
 
 
 def _sm89() -> bool:

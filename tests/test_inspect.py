@@ -217,6 +217,7 @@ def test_reports_validate_against_the_schema(flux, wan, artifact_inspection):
     jsonschema.Draft202012Validator.check_schema(schema)
     for report in (flux, wan, artifact_inspection[2]):
         jsonschema.validate(json.loads(json.dumps(report)), schema, cls=jsonschema.Draft202012Validator)
+        assert report["quality"] is None  # every option lossless: no cost to report
     bad = json.loads(json.dumps(wan))
     bad["regions"][0]["graphs"][0]["passes"][0].pop("diff")
     with pytest.raises(jsonschema.ValidationError):

@@ -25,6 +25,7 @@ from omni_compile.config import CompileConfig, dtype_name
 from omni_compile.errors import ConfigError
 from omni_compile.inspect.graphs import dynamo_call, read_graph_dumps
 from omni_compile.inspect.kernels import read_kernels
+from omni_compile.artifact.parity import bucket_output
 from omni_compile.build.record import capture_output_code
 
 SCHEMA = "omni-compile/inspect/1"
@@ -94,8 +95,14 @@ def inspect_artifact(root: Path) -> dict[str, Any]:
                           "without them; rebuild it, or inspect the model with --shapes")  # fmt: skip
     report_path = root / "report" / "build_report.json"
     files = {}  # file -> its compile in the build report
+    quality = None
     if report_path.is_file():
         report = json.loads(report_path.read_text())
+        costs = {b: {"rel_l2_vs_lossless": p["rel_l2_vs_lossless"]}
+                 for b, p in (report.get("parity") or {}).get("buckets", {}).items() if "rel_l2_vs_lossless" in p}
+        if costs:  # the build measured a lossy option's cost
+            quality = {"lossy": lossy_options(CompileConfig.from_dict(manifest.build.compile_config)),
+                       "buckets": costs}  # fmt: skip
         # build-report/2: the regions' compiles; artifact-report/1 (artifacts built before it): a list of files
         compiles = report.get("files") or [c for r in report.get("regions", []) for c in r.get("compiles", [])]
         files = {c["file"]: c for c in compiles if "file" in c}
@@ -129,7 +136,21 @@ def inspect_artifact(root: Path) -> dict[str, Any]:
         "dynamo": {"available": False, "reason": "an artifact is exported with torch.export (no Dynamo entry "
                    "points are stored); inspect the model for the Dynamo view"},  # fmt: skip
         "profile": None,
+        "quality": quality,
     }
+
+
+def lossy_options(config: CompileConfig) -> list[str]:
+    """The lossy options `config` asks for: weight transforms (fp8) and attention backends named by the user."""
+    from omni_compile.attention.backends import BACKENDS
+    from omni_compile.weights import LOSSY
+
+    names = [f"weight transform {t}" for t in config.weight_transforms if t in LOSSY]
+    from omni_compile.attention.config import AttentionConfig
+
+    named = dict.fromkeys(choice.backend for _, choice in AttentionConfig.from_json(config.attention).choices())
+    names += [f"attention {b}" for b in named if b in BACKENDS and BACKENDS[b].lossy]
+    return names
 
 
 class _Lines(logging.Handler):
@@ -195,17 +216,31 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
     graph_buckets: dict[int, str] = {}
     t0 = time.perf_counter()
     cpu_profile = opts.profile and torch.device(device).type == "cpu"
+    lossy = lossy_options(config)
+    lossless = {}  # bucket -> the eager output of the model as given: what a lossy option's cost is measured on
+    if lossy:
+        on_stage(f"{', '.join(lossy)} (lossy): the eager output of the model as given, for the cost")
+        with torch.no_grad():
+            for bucket in buckets:
+                inputs[str(bucket)] = build.example_inputs(model, bucket)
+                lossless[str(bucket)] = bucket_output(model(**inputs[str(bucket)])).detach().clone()
+    quality = None
     with _no_caches(cpu_profile), capture_output_code(), _capture_log(RECOMPILES_LOGGER, "recompiles") as recompiles:
         compile(model, config, regions=spec.block_names(model), adapter=spec.adapter)
         state = compile_state(model)
         examples = _ExampleCalls(state.regions)
         for bucket in buckets:
             on_stage(f"bucket {bucket}: tracing and compiling each distinct region once")
-            inputs[str(bucket)] = build.example_inputs(model, bucket)
+            inputs.setdefault(str(bucket), build.example_inputs(model, bucket))
             before = len(state.records)
             with torch.no_grad(), examples:
-                model(**inputs[str(bucket)])
+                out = model(**inputs[str(bucket)])
             sync(device)
+            if lossy:
+                ref = lossless[str(bucket)]
+                err = float((bucket_output(out).double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+                quality = quality or {"lossy": lossy, "buckets": {}}
+                quality["buckets"][str(bucket)] = {"rel_l2_vs_lossless": err}
             for i in range(before, len(state.records)):
                 graph_buckets[i] = str(bucket)
         compile_seconds = time.perf_counter() - t0
@@ -250,6 +285,7 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
         "regions": regions,
         "dynamo": dynamo,
         "profile": profile,
+        "quality": quality,
         "compile_seconds": round(compile_seconds, 3),
         "omni_compile_version": omni_compile.__version__,
     }

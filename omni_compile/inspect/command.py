@@ -21,6 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("--kernels", action="append", default=[], metavar="OP=IMPL",
                    help="fused-op implementations, as for build")
     p.add_argument("--attention-backend", metavar="NAME", help="default attention backend, as for build")
+    p.add_argument("--precision", choices=["lossless", "fp8"], default=None,
+                   help="fp8: the lossy weight transform fp8, as for build (its cost is reported)")
     p.add_argument("--config", help="CompileConfig as JSON (inline or a file)")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights and example inputs")
     p.add_argument("--text-len", type=int, help="text tokens per prompt in the example inputs")

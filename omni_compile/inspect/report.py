@@ -115,6 +115,10 @@ def print_summary(console, report: dict) -> None:
         console.print(f"attention {role}: {res['implementation']} x{res['count']} ({res['reason']})")
     for op, res in (report.get("fused_op_implementations") or {}).items():
         console.print(f"fused op {op}: {res['implementation']} x{res['count']} ({res['reason']})")
+    quality = report.get("quality")
+    if quality:  # lossy options always print their error
+        costs = ", ".join(f"{b} {q['rel_l2_vs_lossless']:.2e}" for b, q in quality["buckets"].items())
+        console.print(f"quality: {', '.join(quality['lossy'])} (lossy): rel L2 against the model as given {costs}")
     if report.get("profile"):
         p = Table(title="profile: one step per bucket, time by kernel category")
         for col in ("bucket", "category", "kernels", "ms", "share"):
