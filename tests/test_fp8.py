@@ -133,7 +133,12 @@ def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["build"]["compile_config"]["weight_transforms"] == ["fp8"]
     assert manifest["weights"]["transforms"] == {"fp8": 34}
-    (bucket,) = json.loads((art / "report" / "build_report.json").read_text())["parity"]["buckets"].values()
+    build_report = json.loads((art / "report" / "build_report.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    from omni_compile.build.report import SCHEMA_FILE
+
+    jsonschema.validate(build_report, json.loads(SCHEMA_FILE.read_text()), cls=jsonschema.Draft202012Validator)
+    (bucket,) = build_report["parity"]["buckets"].values()
     assert bucket["rel_l2_vs_eager"] < 1e-4, bucket  # compiled = eager fp8
     assert 1e-4 < bucket["rel_l2_vs_lossless"] < 2e-2, bucket  # the documented fp8 cost
 
