@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         "model as given); lossless (default): as the model is",
     )
     b.add_argument(
+        "--fp8-keep",
+        metavar="PATTERNS",
+        help="with --precision fp8: Linears to keep in the model's dtype, comma list of fnmatch patterns of module "
+        "paths (e.g. 'transformer_blocks.*.ff.net.2,*.attn.to_out.0')",
+    )
+    b.add_argument(
         "--attention-backend",
         metavar="NAME",
         help="default attention backend: auto (on a GPU: the fastest capable one, measured), TORCH_SDPA, CUDNN_ATTN, "

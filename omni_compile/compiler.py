@@ -291,10 +291,10 @@ def compile(
     pass_manager = make_pass_manager(config, platform, adapter)
     found = find_regions(model, regions)
     _refuse_hooked_blocks(found)
-    if config.weight_transforms:  # once, on the weights being bound; never per step
+    if config.weight_transforms or config.fp8_keep:  # once, on the weights being bound; never per step
         from omni_compile.weights import apply_transforms
 
-        apply_transforms(model, config.weight_transforms, [m for r in found for _, m in r.instances])
+        apply_transforms(model, config.weight_transforms, [m for r in found for _, m in r.instances], config.fp8_keep)
         found = find_regions(model, regions)  # again: a transform may change the blocks' structure
     state = CompileState(
         config=config,

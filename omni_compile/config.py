@@ -139,6 +139,15 @@ class CompileConfig:
             "docs/fast-mode.md)."
         },
     )
+    fp8_keep: list[str] = field(
+        default_factory=list,
+        metadata={
+            "doc": "With the weight transform 'fp8': Linears that stay in the model's dtype, as fnmatch patterns "
+            "of module paths ('transformer_blocks.*.ff.net.2', '*.attn.to_out.0'), beside those that always stay "
+            "(modulation Linears, and everything outside the repeated blocks). Each pattern must match a Linear "
+            "fp8 would take."
+        },
+    )
     fullgraph: bool = field(
         default=True, metadata={"doc": "Each region must trace as one graph; a graph break is an error."}
     )
@@ -174,6 +183,8 @@ class CompileConfig:
         }
         if self.weight_transforms:  # only when set: the hash of every earlier config stays what it was
             factors["weight_transforms"] = list(self.weight_transforms)
+        if self.fp8_keep:
+            factors["fp8_keep"] = list(self.fp8_keep)
         return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
@@ -227,6 +238,9 @@ def compile_config_from_flags(args) -> CompileConfig:
         check_transforms(names)
         config.weight_transforms = [*config.weight_transforms, *(n for n in names if n not in config.weight_transforms)]
     config = with_precision(config, getattr(args, "precision", None))
+    keep = getattr(args, "fp8_keep", None)
+    if keep:
+        config.fp8_keep = [*config.fp8_keep, *(k.strip() for k in keep.split(",") if k.strip())]
     if args.kernels:
         from omni_compile.ops.registry import parse_kernel_items
 

@@ -144,15 +144,29 @@ def fp8_targets(blocks: list[nn.Module]) -> tuple[list[tuple[nn.Module, str, nn.
     return targets, kept
 
 
-def quantize_fp8(model: nn.Module, blocks: list[nn.Module] | None = None) -> int:
-    """Replace the Linears of `fp8_targets(blocks)` by `Fp8Linear`s (see the module docstring); returns how many it
-    replaced (0 when it already ran). `blocks`: the model's repeated blocks (the compiler's regions' instances)."""
+def quantize_fp8(model: nn.Module, blocks: list[nn.Module] | None = None, keep: list[str] | tuple = ()) -> int:
+    """Replace the Linears of `fp8_targets(blocks)` by `Fp8Linear`s (see the module docstring), but those whose
+    module path matches a `keep` pattern (fnmatch); returns how many it replaced (0 when it already ran).
+    `blocks`: the model's repeated blocks (the compiler's regions' instances)."""
+    from fnmatch import fnmatchcase
+
     from omni_compile.ops.fp8 import Fp8Linear
 
     if blocks is None:
         raise ConfigError("weight transform fp8 needs the model's blocks (it runs in omni_compile.compile)")
     _check_fp8_device(model)
     targets, kept = fp8_targets(blocks)
+    if keep:
+        paths = {id(m): n for n, m in model.named_modules()}
+        named = [(paths.get(id(linear), ""), t) for t in targets for linear in [t[2]]]
+        unmatched = [k for k in keep if not any(fnmatchcase(path, k) for path, _ in named)]
+        done = any(isinstance(m, Fp8Linear) for m in model.modules())
+        if unmatched and not done:  # a typo would silently quantize what the user meant to keep
+            example = ", ".join(path for path, _ in named[:3])
+            raise ConfigError(f"fp8_keep pattern(s) {unmatched} match none of the {len(named)} Linears fp8 takes "
+                              f"(module paths such as {example})")  # fmt: skip
+        targets = [t for path, t in named if not any(fnmatchcase(path, k) for k in keep)]
+        kept += [f"{path}: fp8_keep" for path, t in named if t not in targets]
     for parent, name, linear in targets:
         setattr(parent, name, Fp8Linear.from_linear(linear))
     if kept:
@@ -169,7 +183,10 @@ TRANSFORMS: dict[str, Callable[..., int]] = {"fuse_projections": fuse_projection
 LOSSY = {"fp8"}  # transforms that change values: a build reports their cost against the model as given
 
 
-def check_transforms(names: list[str]) -> None:
+def check_transforms(names: list[str], fp8_keep: list[str] | tuple = ()) -> None:
+    if fp8_keep and "fp8" not in names:
+        raise ConfigError("fp8_keep names Linears to keep out of fp8, but the weight transform fp8 is not asked for "
+                          "(--precision fp8)")  # fmt: skip
     unknown = [n for n in names if n not in TRANSFORMS]
     if unknown:
         raise ConfigError(f"unknown weight transform(s) {unknown}; known: {', '.join(TRANSFORMS)}")
@@ -177,14 +194,15 @@ def check_transforms(names: list[str]) -> None:
         raise ConfigError("weight transforms fp8 and fuse_projections do not go together yet; choose one")
 
 
-def apply_transforms(model: nn.Module, names: list[str], blocks: list[nn.Module] | None = None) -> dict[str, int]:
+def apply_transforms(model: nn.Module, names: list[str], blocks: list[nn.Module] | None = None,
+                     fp8_keep: list[str] | tuple = ()) -> dict[str, int]:  # fmt: skip
     """Run the named transforms on `model`, in order; returns how many modules each changed. A transform
     finds what it already did and does nothing twice (calling this again returns zeros). `blocks`: the model's
-    repeated blocks, for the transforms that need them (fp8)."""
-    check_transforms(names)
+    repeated blocks, for the transforms that need them (fp8); `fp8_keep`: `CompileConfig.fp8_keep`."""
+    check_transforms(names, fp8_keep)
     done = {}
     for name in names:
-        done[name] = TRANSFORMS[name](model, blocks)
+        done[name] = quantize_fp8(model, blocks, fp8_keep) if name == "fp8" else TRANSFORMS[name](model, blocks)
         counters.weight_transforms += done[name]
         logger.info("weight transform %s: %d module(s)", name, done[name])
     return done

@@ -75,6 +75,28 @@ def test_the_transform_takes_the_blocks_linears_but_modulation(any_device):
         apply_transforms(model, ["fp8"])
 
 
+def test_fp8_keep_leaves_the_named_linears(any_device):
+    """`fp8_keep` patterns (module paths, fnmatch) keep those Linears in the model's dtype; a pattern that matches
+    nothing fp8 takes is an error naming real paths; fp8_keep without fp8 is an error."""
+    model, _ = _flux_tiny()
+    keep = ["transformer_blocks.*.ff.net.2", "single_transformer_blocks.1.*"]
+    assert quantize_fp8(model, _blocks(model), keep) == 34 - 2 - 5
+    assert type(model.get_submodule("transformer_blocks.0.ff.net.2")) is torch.nn.Linear
+    assert type(model.get_submodule("single_transformer_blocks.1.proj_out")) is torch.nn.Linear
+    assert isinstance(model.get_submodule("single_transformer_blocks.0.proj_out"), Fp8Linear)
+    assert quantize_fp8(model, _blocks(model), keep) == 0  # once
+    fresh, _ = _flux_tiny()
+    with pytest.raises(ConfigError, match=r"fp8_keep pattern\(s\) \['blocks\.\*\.ff'\] match none of the 34 Linears "
+                                          r"fp8 takes \(module paths such as transformer_blocks\.0\."):
+        quantize_fp8(fresh, _blocks(fresh), ["blocks.*.ff"])
+    assert not any(isinstance(m, Fp8Linear) for m in fresh.modules())
+    with pytest.raises(ConfigError, match="fp8_keep names Linears to keep out of fp8, but the weight transform fp8 is"):
+        omni_compile.compile(fresh, {"fp8_keep": ["*.ff.net.2"]})
+    with counters.expect(weight_transforms=32):
+        omni_compile.compile(fresh, {"weight_transforms": ["fp8"], "fp8_keep": ["*.ff.net.2"]})
+    assert type(fresh.get_submodule("transformer_blocks.1.ff.net.2")) is torch.nn.Linear
+
+
 @pytest.mark.compile
 def test_compiled_fp8_matches_eager_fp8_and_reports_its_cost(any_device, fresh_dynamo):
     import copy
@@ -115,10 +137,10 @@ def test_refusals(tmp_path, subprocess_env, monkeypatch):
 
 @pytest.mark.compile
 def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env, fresh_dynamo, any_device):
-    """An fp8 artifact: the build checks the compiled regions against the eager fp8 model (lossless bound) and
-    prints and reports the cost against the model as given; loading quantizes the given weights (the weights
-    check passes on the quantized ones), compiles nothing, and computes what the eager fp8 model does; verify
-    reports the cost too."""
+    """An fp8 artifact (two Linears kept by --fp8-keep): the build checks the compiled regions against the eager fp8
+    model (lossless bound) and prints and reports the cost against the model as given; loading quantizes the given
+    weights as the build did (the weights check passes on the quantized ones), compiles nothing, and computes what
+    the eager fp8 model does; verify and inspect report the cost too."""
     import copy
     import json
 
@@ -126,13 +148,14 @@ def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env
 
     art = tmp_path / "fp8"
     env = dict(subprocess_env, OMNI_COMPILE_FP8_ANY_DEVICE="1")
-    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--precision", "fp8", "--out", str(art), env=env,
-               timeout=900)  # fmt: skip
+    proc = cli("build", "flux-tiny", "--shapes", "64x64", "--precision", "fp8", "--fp8-keep", "*.ff.net.2",
+               "--out", str(art), env=env, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fp8 (lossy): rel L2 against the model as given 64x64 " in proc.stdout + proc.stderr
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["build"]["compile_config"]["weight_transforms"] == ["fp8"]
-    assert manifest["weights"]["transforms"] == {"fp8": 34}
+    assert manifest["build"]["compile_config"]["fp8_keep"] == ["*.ff.net.2"]
+    assert manifest["weights"]["transforms"] == {"fp8": 32}  # the two double blocks' ff.net.2 kept
     build_report = json.loads((art / "report" / "build_report.json").read_text())
     jsonschema = pytest.importorskip("jsonschema")
     from omni_compile.build.report import SCHEMA_FILE
@@ -144,10 +167,10 @@ def test_fp8_artifact_builds_loads_and_reports_its_cost(tmp_path, subprocess_env
 
     model, inputs = _flux_tiny()
     eager8 = copy.deepcopy(model)
-    apply_transforms(eager8, ["fp8"], _blocks(eager8))
+    apply_transforms(eager8, ["fp8"], _blocks(eager8), ["*.ff.net.2"])
     with torch.no_grad():
         expected = eager8(**inputs)[0]
-    with counters.expect(weight_transforms=34):
+    with counters.expect(weight_transforms=32):  # the load keeps what the build kept (the weights check agrees)
         loaded = omni_compile.load(art, weights=model)
     with counters.expect(weight_transforms=0, regions_compiled=0), torch.no_grad():
         out = loaded(**inputs)[0]

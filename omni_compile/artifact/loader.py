@@ -320,7 +320,7 @@ def _transform(model: nn.Module, manifest: Manifest) -> list[str]:
     if transforms:
         modules = dict(model.named_modules())  # the regions' instances: fp8 changes those blocks only
         blocks = [modules[p] for r in manifest.regions if r.kind == "block" for p in r.instances if p in modules]
-        apply_transforms(model, transforms, blocks)
+        apply_transforms(model, transforms, blocks, manifest.build.compile_config.get("fp8_keep") or ())
     return [t for t in transforms if t in LOSSY]
 
 

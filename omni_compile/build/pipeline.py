@@ -77,7 +77,7 @@ class BuildPipeline:
         """The model spec, targets and region compiler, checked before any slow work."""
         from omni_compile.weights import check_transforms, fp8_device_error
 
-        check_transforms(list(self.opts.compile.weight_transforms))
+        check_transforms(list(self.opts.compile.weight_transforms), self.opts.compile.fp8_keep)
         self.session = BuildSession.resolve(self.opts)
         if "fp8" in self.opts.compile.weight_transforms:  # refused before the model loads, nothing written
             why = fp8_device_error(self.session.device, self.session.dtype)
@@ -105,7 +105,7 @@ class BuildPipeline:
             self.references = self._eager_outputs()
         if transforms:
             blocks = [m for r in find_regions(self.model, s.spec.block_names(self.model)) for _, m in r.instances]
-            self.transformed = apply_transforms(self.model, transforms, blocks)
+            self.transformed = apply_transforms(self.model, transforms, blocks, self.opts.compile.fp8_keep)
             done = ", ".join(f"{n} ({k} modules)" for n, k in self.transformed.items())
             self.events.on_stage(f"weight transforms: {done}")
             if any(t in LOSSY for t in transforms):
