@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runner: every measurement and GPU check of a session, by stage, in one command on the GPU machine;
 # results under $OUT, a short table last. Run from the project root with the wheels of
-# ../shared/tools/gpu-wheels.sh fa3-fwd==0.0.3 in .whl/; to try FA4 too, bench/fa4_wheels.sh adds its wheels
+# ../shared/tools/gpu-wheels.sh fa3-fwd==0.0.3 torchao==0.18.0 prometheus-client==0.26.0 in .whl/ (torchao: stock-fp8;
+# prometheus-client: the server); to try FA4 too, bench/fa4_wheels.sh adds its wheels
 # there and packs its CUDA libraries into .fa4/cu13.tar.xz, which travels alone in a first call:
 #
 #   bash bench/gpu.sh fa4libs                       # carry [".fa4"]: it stays in the machine's tree copy

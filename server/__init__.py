@@ -4,7 +4,7 @@ prebuilt artifact's transformer (docs/serving.md).
 `build_app(config)` makes the app; `ServeConfig` holds its settings. Modules: `app` (routes, lifespan,
 error handlers), `schemas` (request and response bodies), `engine` (the worker that owns the device,
 its bounded queue, batching, deadlines and cancellation), `pipeline` (loading the pipeline and
-running one batch), `metrics` (Prometheus text exposition).
+running one batch), `metrics` (Prometheus metrics through prometheus_client).
 """
 
 from __future__ import annotations

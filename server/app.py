@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from omni_compile.errors import OmniCompileError
 from omni_compile.server.config import ServeConfig
 from omni_compile.server.engine import Engine, Job, split_batch, usable_batch_sizes
-from omni_compile.server.metrics import Metrics
+from omni_compile.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from omni_compile.server.schemas import (ImageData, ImageRequest, ImageResponse, RequestError, StepCacheReport,
                                          step_cache_setting, validate)  # fmt: skip
 
@@ -100,7 +100,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         engine = getattr(request.app.state, "engine", None)
         text = metrics.render(queue_depth=engine.depth() if engine else 0, ready=bool(engine and engine.ready),
                               worker_alive=bool(engine and engine.alive))  # fmt: skip
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
 
     @app.post(GENERATIONS, dependencies=[auth], response_model=ImageResponse, response_model_exclude_none=True)
     async def generate(body: ImageRequest, request: Request):

@@ -98,7 +98,7 @@ def test_images_by_seed_and_batching():
     assert e.submit(job(n=3, seed=5)).result(10) == [(5, b"a cat|5"), (6, b"a cat|6"), (7, b"a cat|7")]
     assert pipe.calls[-2:] == [[5, 6], [7]]
     e.stop(10)
-    assert e.state == "stopped" and e.metrics.images == 6 and e.metrics.batches == 4
+    assert e.state == "stopped" and e.metrics.count("images") == 6 and e.metrics.count("batches") == 4
 
 
 def test_queue_full_and_error_recovery():
@@ -160,8 +160,8 @@ def test_gone_jobs_dropped_at_step_boundary():
     with pytest.raises(RequestError):
         fut.result(10)
     e.stop(10)
-    assert len(pipe.calls) == 1 and e.metrics.steps["compiled"] == 1  # stopped after its first step
-    assert e.metrics.dropped == {"disconnected": 2}
+    assert len(pipe.calls) == 1 and e.metrics.count("transformer_steps", "compiled") == 1  # stopped after its first step
+    assert e.metrics.count("dropped", "disconnected") == 2 and e.metrics.count("dropped", "deadline") == 0
     expired = job(deadline=-1)
     e2 = engine(FakePipeline())
     with pytest.raises(RequestError) as info:
@@ -292,7 +292,7 @@ def test_chunked_body_over_limit_413():
         status, body = _chunked_post(port, gen, b"{not json", chunk=4)
         assert status == 422 and body["error"]["code"] == "invalid_json"
         _, text = _get(port, "/metrics")
-        for line in ('omni_serve_requests_total{status="413"} 2', 'omni_serve_requests_total{status="200"} 1'):
+        for line in ('omni_serve_requests_total{status="413"} 2.0', 'omni_serve_requests_total{status="200"} 1.0'):
             assert line in text.splitlines()
 
 
@@ -390,7 +390,7 @@ def test_step_cache_settings_do_not_share_a_batch():
     assert pipe.calls == [[50], [10, 30], [20]]
     assert pipe.step_cache_args == [{"step_cache": "off"}, {"step_cache": "schedule:0.5:2"}, {"step_cache": "off"}]
     e.stop(10)
-    assert e.metrics.cached_calls == {"computed": 3, "skipped": 3}
+    assert e.metrics.count("step_cache_calls", "computed") == 3 and e.metrics.count("step_cache_calls", "skipped") == 3
     e2 = engine(pipe)  # jobs with no setting (a server without --step-cache): the pipeline is called without one
     e2.submit(job(seed=1)).result(10)
     assert pipe.step_cache_args[-1] == {}
@@ -429,3 +429,27 @@ def test_serve_flag_step_cache():
     assert serve_config(p.parse_args(["art", "--step-cache", "schedule:0.5"])).step_cache == "schedule:0.5"
     with pytest.raises(ConfigError, match=r"--step-cache: step cache threshold must be a number in \(0, 1\], not 3.0"):
         serve_config(p.parse_args(["art", "--step-cache", "first_block:3"]))
+
+
+def test_metrics_exposition_parses():
+    """/metrics is valid Prometheus text (parsed by prometheus_client's own parser), every family there from the
+    start, the labelled counters at 0, and the gauges as render sets them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from omni_compile.server.metrics import Metrics
+
+    m = Metrics()
+    m.request_done(200, 0.3)
+    m.step_done(0.01, "compiled")
+    m.step_cache_done(4, 3)
+    families = {f.name: f for f in text_string_to_metric_families(m.render(queue_depth=2, ready=True,
+                                                                           worker_alive=False))}  # fmt: skip
+    assert set(families) == {f"omni_serve_{n}" for n in ("requests", "request_seconds", "queue_depth", "step_seconds",
+                                                          "transformer_steps", "images", "batches", "dropped",
+                                                          "step_cache_calls", "ready", "worker_alive")}  # fmt: skip
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert values[("omni_serve_requests_total", (("status", "200"),))] == 1
+    assert values[("omni_serve_requests_total", (("status", "429"),))] == 0
+    assert values[("omni_serve_step_cache_calls_total", (("result", "skipped"),))] == 1
+    assert values[("omni_serve_queue_depth", ())] == 2 and values[("omni_serve_worker_alive", ())] == 0
+    assert values[("omni_serve_request_seconds_count", ())] == 1 and m.count("transformer_steps", "compiled") == 1
