@@ -4,7 +4,8 @@ Public API: `compile(model, config)` (regional JIT compile with our passes), `un
 `compile_state(model)`, `build(options)` (the `omni-compile build` driver), `load(artifact, weights=...)`
 (a prebuilt artifact, no compilation), `CompileConfig`,
 `ShapeBucket`, `counters`; `enable_step_cache(pipe, ...)` / `disable_step_cache` (lossy step caching,
-`StepCacheConfig`). Attributes load lazily, so `import omni_compile` stays cheap.
+`StepCacheConfig`); `lora_adapters(model)` (LoRA merged into the bound weights, zero compiles). Attributes load
+lazily, so `import omni_compile` stays cheap.
 """
 
 import importlib
@@ -25,6 +26,7 @@ _EXPORTS = {
     "enable_step_cache": "omni_compile.runtime.step_cache",
     "disable_step_cache": "omni_compile.runtime.step_cache",
     "StepCacheConfig": "omni_compile.runtime.step_cache",
+    "lora_adapters": "omni_compile.runtime.lora",
     "OmniCompileError": "omni_compile.errors",
 }
 

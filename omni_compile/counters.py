@@ -26,6 +26,8 @@ class CompilationCounters:
     pass_manager_runs: int = 0
     # Modules changed by load-time weight transforms (`omni_compile.weights`; once per bind, never per step).
     weight_transforms: int = 0
+    # Linears a LoRA was merged into (`omni_compile.runtime.lora`; once per switch of adapter or scale).
+    lora_merges: int = 0
     # Pattern matches per pass name.
     pass_matches: Counter = field(default_factory=Counter)
 
