@@ -21,12 +21,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from omni_compile.errors import OmniCompileError
+from omni_compile.errors import ConfigError, OmniCompileError
 from omni_compile.server.config import ServeConfig
 from omni_compile.server.engine import Engine, Job, split_batch, usable_batch_sizes
 from omni_compile.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
-from omni_compile.server.schemas import (ImageData, ImageRequest, ImageResponse, RequestError, StepCacheReport,
-                                         step_cache_setting, validate)  # fmt: skip
+from omni_compile.server.schemas import (ImageData, ImageRequest, ImageResponse, LoraLoad, RequestError,
+                                         StepCacheReport, lora_setting, step_cache_setting, validate)  # fmt: skip
 
 logger = logging.getLogger("omni_compile.server")
 GENERATIONS = "/v1/images/generations"
@@ -95,6 +95,40 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                                 "warmup": request.app.state.engine.warmup_seconds},
         }]}  # fmt: skip
 
+    def loaded_loras(request: Request):
+        pipe = getattr(request.app.state, "pipe", None)
+        if pipe is None:
+            raise RequestError(503, "the server is warming up; retry in a few seconds", type="overloaded_error",
+                               headers={"Retry-After": "2"})  # fmt: skip
+        if pipe.loras is None:
+            raise RequestError(400, "this server's model is fp8, which takes no LoRA yet", param="name")
+        return pipe.loras
+
+    @app.get("/v1/loras", dependencies=[auth])
+    async def list_loras(request: Request):
+        return loaded_loras(request).describe()
+
+    @app.post("/v1/loras", dependencies=[auth], status_code=201)
+    def load_lora(body: LoraLoad, request: Request):  # a plain def: the file is read in the thread pool
+        loras = loaded_loras(request)
+        try:
+            adapter = loras.load(body.name, body.path)
+        except ConfigError as e:
+            raise RequestError(409 if "already loaded" in str(e) else 400, str(e),
+                               param="name" if "name" in str(e).split(":")[0] else "path") from None  # fmt: skip
+        logger.info("LoRA %s loaded from %s (%d modules, rank %d)", adapter.name, adapter.path, len(adapter.deltas),
+                    adapter.rank)  # fmt: skip
+        return {"name": adapter.name, "modules": len(adapter.deltas), "rank": adapter.rank}
+
+    @app.delete("/v1/loras/{name}", dependencies=[auth])
+    def unload_lora(name: str, request: Request):  # a plain def: it waits for a batch running with it
+        try:
+            loaded_loras(request).unload(name)
+        except ConfigError as e:
+            raise RequestError(404, str(e), type="not_found_error") from None
+        logger.info("LoRA %s unloaded", name)
+        return {"name": name, "deleted": True}
+
     @app.get("/metrics", dependencies=[auth])
     async def metrics_route(request: Request):
         engine = getattr(request.app.state, "engine", None)
@@ -111,6 +145,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
             default_steps=config.default_steps, model_name=model_name, any_size=not pipe.compiled,
         )
         step_cache = step_cache_setting(body, config.step_cache)
+        lora = lora_setting(body, pipe.loras)
         why = pipe.prompt_error(body.prompt)
         if why:
             raise RequestError(400, why, param="prompt", code="prompt_too_long")
@@ -121,7 +156,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(6), "big")
         job = Job(prompt=body.prompt, n=body.n, seed=seed, height=height, width=width, steps=steps,
                   guidance=float(body.guidance_scale), deadline=time.monotonic() + config.timeout_s,
-                  step_cache=step_cache)  # fmt: skip
+                  step_cache=step_cache, lora=lora)  # fmt: skip
         future = asyncio.wrap_future(engine.submit(job))
         while True:
             done, _ = await asyncio.wait({future}, timeout=0.25)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -40,6 +40,9 @@ class ServeConfig:
     """The model id in /v1/models and responses (default: the artifact directory's name)."""
     step_cache: str | None = None
     """Lossy step caching (`first_block[:THRESHOLD]`, `schedule[:FRACTION[:WARMUP]]` or `taylor[:FRACTION[:WARMUP]]`),
-    the setting of requests
-    that do not give one; requests may give their own or "off". None: off, and requests cannot ask for it.
+    the setting of requests that do not give one; requests may give their own or "off". None: off, and requests
+    cannot ask for it.
     Whole-step CUDA graphs are off when it is on."""
+    loras: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters loaded at start, name -> safetensors file (`--lora NAME=PATH`); requests pick one with
+    `lora: {"name": NAME, "scale": S}`, and /v1/loras adds and removes them at run time (zero compiles)."""

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from omni_compile.errors import ConfigError
 from omni_compile.server.schemas import RequestError
 
 logger = logging.getLogger("omni_compile.server")
@@ -43,10 +44,11 @@ class Job:
     images: dict[int, bytes] = field(default_factory=dict)
     step_cache: str | None = None  # the setting (`schemas.step_cache_setting`); None: the server has none
     computed: list[tuple[int, int]] = field(default_factory=list)  # (calls, computed calls) per chunk it ran in
+    lora: tuple[str, float] | None = None  # (name, scale) merged for this job (`schemas.lora_setting`)
 
     @property
     def key(self) -> tuple:
-        return (self.height, self.width, self.steps, float(self.guidance), self.step_cache)
+        return (self.height, self.width, self.steps, float(self.guidance), self.step_cache, self.lora)
 
     def stopped(self) -> bool:
         if self.gone is None and time.monotonic() > self.deadline:
@@ -188,7 +190,7 @@ class Engine:
             else:
                 live.append(job)
         images = [(job, i) for job in live for i in range(job.n)]
-        height, width, steps, guidance, step_cache = jobs[0].key
+        height, width, steps, guidance, step_cache, lora = jobs[0].key
         chunks = split_batch(len(images), usable_batch_sizes(self.runner, height, width, self.max_batch))
         assert chunks is not None, "each job's n was checked to be a sum of the usable batch sizes"
         start = 0
@@ -197,14 +199,15 @@ class Engine:
             start += size
             if all(job.stopped() for job, _ in chunk):
                 continue
-            self._run_chunk(chunk, height, width, steps, guidance, step_cache)
+            self._run_chunk(chunk, height, width, steps, guidance, step_cache, lora)
         for job in live:
             if job.stopped() and not job.future.done():
                 self._drop(job)
         with self.cv:
             self.current = []
 
-    def _run_chunk(self, chunk: list[tuple[Job, int]], height, width, steps, guidance, step_cache=None) -> None:
+    def _run_chunk(self, chunk: list[tuple[Job, int]], height, width, steps, guidance, step_cache=None,
+                   lora=None) -> None:  # fmt: skip
         owners = {id(j): j for j, _ in chunk}.values()
         last = [time.perf_counter()]
         path = "compiled" if self.runner.compiled else "fallback"
@@ -217,12 +220,18 @@ class Engine:
                 raise _Stop()
 
         cached = {} if step_cache is None else {"step_cache": step_cache}
+        if lora is not None:
+            cached["lora"] = lora
         try:
             pngs = self.runner.run([j.prompt for j, _ in chunk], [j.seed + i for j, i in chunk], height, width,
                                    steps, guidance, on_step, **cached)  # fmt: skip
         except _Stop:
             for job in owners:
                 self._drop(job)
+            return
+        except ConfigError as e:  # the LoRA it asked for was unloaded while it waited
+            for job in owners:
+                _fail(job, RequestError(400, str(e), param="lora"))
             return
         except Exception as e:  # one request's failure (OOM included) must not end the worker
             logger.exception("a batch of %d image(s) failed", len(chunk))

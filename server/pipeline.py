@@ -8,6 +8,7 @@ The transformer is always `omni_compile.load(ARTIFACT, weights=...)`: its region
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import logging
@@ -45,6 +46,7 @@ class LoadedPipeline:
     source: str  # where the text encoders, VAE and scheduler came from
     seconds: dict[str, float] = field(default_factory=dict)
     step_cache: Any = None  # omni_compile.runtime.step_cache.StepCache when served with --step-cache
+    loras: Any = None  # omni_compile.runtime.lora.LoraSet of the transformer (None: an fp8 model, no LoRA)
     last_calls: tuple[int, int] | None = None
 
     def __post_init__(self):
@@ -76,11 +78,17 @@ class LoadedPipeline:
         return None
 
     def run(self, prompts: list[str], seeds: list[int], height: int, width: int, steps: int, guidance: float,
-            on_step: Callable[[int], None] | None = None, step_cache: str | None = None) -> list[bytes]:  # fmt: skip
+            on_step: Callable[[int], None] | None = None, step_cache: str | None = None,
+            lora: tuple[str, float] | None = None) -> list[bytes]:  # fmt: skip
         """One pipeline call: len(prompts) images, image i drawn from a generator seeded seeds[i]; PNG bytes.
         `step_cache`: the setting for this call ("off": every step computed) on a pipeline loaded with one;
-        `last_calls` is then (transformer calls, computed calls) of the call."""
+        `last_calls` is then (transformer calls, computed calls) of the call. `lora`: (name, scale) merged into
+        the transformer's weights for this call (None: the base weights); ConfigError when it is not loaded."""
         gens = [torch.Generator(self.device).manual_seed(s) for s in seeds]
+        if self.loras is None and lora is not None:
+            raise omni_compile.ConfigError("this server's model takes no LoRA (fp8)")
+        # only this thread runs the transformer: the weights switch here, and an unload waits for the call
+        applied = self.loras.applied(*(lora or (None,))) if self.loras is not None else contextlib.nullcontext()
         cache = self.step_cache
         if cache is not None:
             from omni_compile.runtime.step_cache import EVERY_STEP, StepCacheConfig
@@ -93,7 +101,7 @@ class LoadedPipeline:
                 on_step(i)
             return {}
 
-        with torch.no_grad():  # as the CUDA-graph runtime is tested (not inference mode)
+        with applied, torch.no_grad():  # no grad, as the CUDA-graph runtime is tested (not inference mode)
             out = self.pipe(prompt=prompts, height=height, width=width, num_inference_steps=steps,
                             guidance_scale=guidance, max_sequence_length=self.text_len, generator=gens,
                             output_type="pil", callback_on_step_end=callback)  # fmt: skip
@@ -187,6 +195,15 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPi
         from omni_compile.runtime.step_cache import enable_step_cache
 
         cache = enable_step_cache(pipe, config.step_cache)
+    loras = None
+    if not any(type(m).__name__ == "Fp8Linear" for m in transformer.modules()):
+        from omni_compile.runtime.lora import lora_adapters
+
+        loras = lora_adapters(transformer)
+        for name, path in config.loras.items():
+            loras.load(name, path)
+    elif config.loras:
+        raise omni_compile.ConfigError("--lora: the artifact's model is fp8, which takes no LoRA yet")
     return LoadedPipeline(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=text_len,
                           buckets=buckets, compiled=artifact_info is not None, source=source,
-                          seconds=seconds, step_cache=cache)  # fmt: skip
+                          seconds=seconds, step_cache=cache, loras=loras)  # fmt: skip

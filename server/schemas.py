@@ -8,6 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 
+class LoraRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: StrictStr
+    scale: StrictFloat | StrictInt = 1.0
+
+
 class ImageRequest(BaseModel):
     """POST /v1/images/generations. Unknown OpenAI fields (quality, style, user) are accepted and ignored."""
 
@@ -22,6 +28,13 @@ class ImageRequest(BaseModel):
     num_inference_steps: StrictInt | None = None
     guidance_scale: StrictFloat | StrictInt = 3.5
     step_cache: StrictStr | None = None  # "off", first_block[...], schedule[...], taylor[...]
+    lora: LoraRef | None = None  # a LoRA the server has loaded, merged for this request (zero compiles)
+
+
+class LoraLoad(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: StrictStr
+    path: StrictStr = Field(description="a safetensors file on the server's machine (diffusers/PEFT or kohya layout)")
 
 
 class ImageData(BaseModel):
@@ -88,6 +101,21 @@ def step_cache_setting(req: ImageRequest, default: str | None) -> str | None:
     except ConfigError as e:
         raise RequestError(400, f"step_cache: {e}, or 'off'", param="step_cache") from None
     return config.text()
+
+
+def lora_setting(req: ImageRequest, loras) -> tuple[str, float] | None:
+    """The request's (LoRA name, scale), checked against the loaded adapters (`loras`, a LoraSet or None); raises
+    RequestError (400)."""
+    if req.lora is None:
+        return None
+    loaded = sorted(loras.adapters) if loras is not None else []
+    if req.lora.name not in loaded:
+        raise RequestError(400, f"lora: no LoRA named {req.lora.name!r} is loaded (loaded: {', '.join(loaded) or 'none'}"
+                           "; POST /v1/loras loads one)", param="lora.name")  # fmt: skip
+    scale = float(req.lora.scale)
+    if not -10 <= scale <= 10:
+        raise RequestError(400, f"lora: scale must be from -10 to 10, not {req.lora.scale!r}", param="lora.scale")
+    return req.lora.name, scale
 
 
 def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: int, max_steps: int,

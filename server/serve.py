@@ -48,6 +48,10 @@ def add_serve_arguments(p) -> None:
                    "little), schedule[:FRACTION[:WARMUP]] (compute FRACTION of the steps after WARMUP) or "
                    "taylor[:FRACTION[:WARMUP]] (the schedule, skipped steps forecast to first order). Requests may "
                    "set their own or 'off'. Turns whole-step CUDA graphs off (default: no step caching)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="load a LoRA (diffusers/PEFT or kohya safetensors) at start; repeatable. Requests pick one with "
+                   "\"lora\": {\"name\": NAME, \"scale\": S}; POST /v1/loras and DELETE /v1/loras/NAME change them "
+                   "at run time. Merged into the weights per batch: zero compiles")  # fmt: skip
     p.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
 
 
@@ -76,13 +80,23 @@ def serve_config(args):
             StepCacheConfig.parse(args.step_cache)
         except ConfigError as e:
             raise ConfigError(f"--step-cache: {e}") from None
+    loras = {}
+    for item in args.lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--lora {item!r}: expected NAME=PATH")
+        if name in loras:
+            raise ConfigError(f"--lora: the name {name!r} is given twice")
+        if not os.path.isfile(path):
+            raise ConfigError(f"--lora {item!r}: no file {path}")
+        loras[name] = path
     api_key = args.api_key
     return ServeConfig(artifact=args.artifact, pipeline=args.pipeline, device=args.device, api_key=api_key,
                        max_queue=args.max_queue, max_batch=args.max_batch, max_n=args.max_n,
                        max_steps=args.max_steps, default_steps=args.default_steps, timeout_s=args.timeout,
                        max_body_bytes=args.max_body_bytes, jit_fallback=args.jit_fallback,
                        warmup_steps=args.warmup_steps, model_name=args.model_name,
-                       step_cache=args.step_cache)  # fmt: skip
+                       step_cache=args.step_cache, loras=loras)  # fmt: skip
 
 
 def check_port(host: str, port: int) -> None:

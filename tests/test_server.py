@@ -406,3 +406,47 @@ def test_step_cache_per_request(server_a, tiny_artifact, subprocess_env, tmp_pat
         assert "Traceback" not in c.text()
     finally:
         c.stop()
+
+
+def test_lora_load_apply_unload(server_a, tmp_path):
+    """POST /v1/loras loads a LoRA, a request's `lora` merges it for its batch, the next request without one gets
+    the base image bit for bit, DELETE removes it; bad names, scales and files are 400s naming what was wrong."""
+    import torch
+    from safetensors.torch import save_file
+    from test_lora import _flux_tiny, _write_lora
+
+    model, _ = _flux_tiny()  # the artifact's config: the LoRA is made to fit it
+    path = tmp_path / "style.safetensors"
+    _write_lora(path, model)
+    port = server_a.port
+    status, base = gen(port, seed=5, num_inference_steps=2)
+    assert status == 200
+    status, body = call(port, "/v1/loras", {"name": "style", "path": str(path)}, headers=AUTH)
+    assert (status, body) == (201, {"name": "style", "modules": 4, "rank": 4})
+    try:
+        status, body = call(port, "/v1/loras", {"name": "style", "path": str(path)}, headers=AUTH)
+        assert status == 409 and "already loaded" in body["error"]["message"]
+        status, styled = gen(port, seed=5, num_inference_steps=2, lora={"name": "style", "scale": 1.0})
+        assert status == 200 and styled["data"][0]["b64_json"] != base["data"][0]["b64_json"]
+        status, listed = call(port, "/v1/loras", headers=AUTH)
+        assert listed["active"] == {"name": "style", "scale": 1.0} and listed["loaded"]["style"]["modules"] == 4
+        status, again = gen(port, seed=5, num_inference_steps=2)  # no lora: the base weights back
+        assert status == 200 and again["data"][0]["b64_json"] == base["data"][0]["b64_json"]
+        for lora, param, message in (({"name": "nope"}, "lora.name", "no LoRA named 'nope' is loaded (loaded: style"),
+                                     ({"name": "style", "scale": 50}, "lora.scale", "scale must be from -10 to 10")):  # fmt: skip
+            status, body = gen(port, seed=5, num_inference_steps=2, lora=lora)
+            assert status == 400 and body["error"]["param"] == param and message in body["error"]["message"], body
+        save_file({"transformer.transformer_blocks.0.attn.to_q.lora_A.weight": torch.zeros(4, 7),
+                   "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": torch.zeros(8, 4)},
+                  str(tmp_path / "bad.safetensors"))  # fmt: skip
+        status, body = call(port, "/v1/loras", {"name": "bad", "path": str(tmp_path / "bad.safetensors")}, headers=AUTH)
+        assert status == 400 and "transformer_blocks.0.attn.to_q: lora_A [4, 7]" in body["error"]["message"]
+        status, body = call(port, "/v1/loras", {"name": "gone", "path": str(tmp_path / "none")}, headers=AUTH)
+        assert status == 400 and "no file" in body["error"]["message"]
+    finally:
+        status, body = call(port, "/v1/loras/style", method="DELETE", headers=AUTH)
+    assert (status, body) == (200, {"name": "style", "deleted": True})
+    status, body = call(port, "/v1/loras/style", method="DELETE", headers=AUTH)
+    assert status == 404 and "no LoRA named 'style'" in body["error"]["message"]
+    status, body = gen(port, seed=5, num_inference_steps=2, lora={"name": "style"})
+    assert status == 400

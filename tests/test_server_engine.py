@@ -6,6 +6,7 @@ import base64
 import contextlib
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ class FakePipeline:
     text_len = 8
     source = "fake"
     seconds: dict = {}
+    loras = None  # no LoRA set (as an fp8 model's)
 
     def __init__(self, buckets=((64, 64, 1),)):
         self.buckets = [Bucket(*b) for b in buckets]
@@ -453,3 +455,19 @@ def test_metrics_exposition_parses():
     assert values[("omni_serve_step_cache_calls_total", (("result", "skipped"),))] == 1
     assert values[("omni_serve_queue_depth", ())] == 2 and values[("omni_serve_worker_alive", ())] == 0
     assert values[("omni_serve_request_seconds_count", ())] == 1 and m.count("transformer_steps", "compiled") == 1
+
+
+def test_serve_lora_flags(tmp_path):
+    from omni_compile.cli import _parser
+    from omni_compile.errors import ConfigError
+    from omni_compile.server.serve import serve_config
+
+    f = tmp_path / "a.safetensors"
+    f.write_bytes(b"x")
+    args = _parser().parse_args(["serve", "art", "--lora", f"a={f}", "--lora", f"b={f}"])
+    assert serve_config(args).loras == {"a": str(f), "b": str(f)}
+    for flags, message in ((["--lora", "a"], "--lora 'a': expected NAME=PATH"),
+                           (["--lora", f"a={f}", "--lora", f"a={f}"], "the name 'a' is given twice"),
+                           (["--lora", f"a={tmp_path / 'none'}"], "no file")):  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            serve_config(_parser().parse_args(["serve", "art", *flags]))

@@ -23,6 +23,7 @@ scales restores them from that copy and merges again, so the base weights never 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class LoraSet:
     active: tuple[str, float] | None = None
     _base: dict[str, torch.Tensor] = field(default_factory=dict)  # module path -> its original weight, on the host
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while the model runs with them
 
     def load(self, name: str, path: str | Path) -> LoraAdapter:
         """Read `path` as adapter `name` (checked against the model); nothing is applied yet."""
@@ -128,8 +130,9 @@ class LoraSet:
         return adapter
 
     def unload(self, name: str) -> None:
-        """Forget adapter `name`; the base weights come back first when it is the one applied."""
-        with self._lock:
+        """Forget adapter `name`; the base weights come back first when it is the one applied (after the model
+        call running under `applied`, if one is)."""
+        with self._busy, self._lock:
             if name not in self.adapters:
                 raise ConfigError(f"no LoRA named {name!r} is loaded (loaded: {', '.join(self.adapters) or 'none'})")
             if self.active is not None and self.active[0] == name:
@@ -151,6 +154,13 @@ class LoraSet:
             if want is not None:
                 self._merge(self.adapters[name], float(scale))
                 self.active = want
+
+    @contextlib.contextmanager
+    def applied(self, name: str | None, scale: float = 1.0):
+        """`activate(name, scale)` for the model calls inside the block; `unload` waits for the block to end."""
+        with self._busy:
+            self.activate(name, scale)
+            yield
 
     def _restore(self) -> None:
         modules = dict(self.model.named_modules())
