@@ -43,6 +43,10 @@ class ServeConfig:
     the setting of requests that do not give one; requests may give their own or "off". None: off, and requests
     cannot ask for it.
     Whole-step CUDA graphs are off when it is on."""
+    weights: str | None = None
+    """A diffusers transformer directory (or a pipeline directory, whose transformer/ is taken) to serve instead of
+    the weights the artifact was built from: any checkpoint of the architecture, zero compiles (the config is
+    checked against the artifact's)."""
     loras: dict[str, str] = field(default_factory=dict)
     """LoRA adapters loaded at start, name -> safetensors file (`--lora NAME=PATH`); requests pick one with
     `lora: {"name": NAME, "scale": S}`, and /v1/loras adds and removes them at run time (zero compiles)."""

@@ -143,6 +143,16 @@ def pipeline_dir(config: ServeConfig, source: str) -> Path | None:
     )
 
 
+def weights_dir(path: str) -> Path:
+    """The transformer directory of --weights: the directory itself, or a pipeline directory's transformer/."""
+    d = Path(path)
+    for cand in (d, d / "transformer"):
+        if (cand / "config.json").is_file():
+            return cand
+    raise omni_compile.ConfigError(f"--weights {d} is not a diffusers transformer directory (no config.json in it or "
+                                   "in its transformer/)")  # fmt: skip
+
+
 def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPipeline:
     """The pipeline with the artifact's transformer. `checked`: `artifact.loader.check`'s result for the artifact
     (`omni-compile serve` checks before it starts): the manifest is read and the files hashed once."""
@@ -161,8 +171,11 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPi
     root = pipeline_dir(config, manifest.model.source)
     dlogging.set_verbosity_error()
     t0 = time.perf_counter()
-    if root is None:  # the build's seeded random weights, and a random pipeline of the same preset
+    if root is None:  # a random pipeline of the same preset around the build's seeded random weights (or --weights)
         preset, seed = manifest.model.source.removeprefix("preset:"), manifest.weights.get("seed", 0)
+    if config.weights:  # another checkpoint of the architecture: omni_compile.load checks its config
+        weights = resolve_model(str(weights_dir(config.weights))).load(dtype=dtype, device=device)
+    elif root is None:
         weights = resolve_model(preset, model_config=manifest.model.config).load(dtype=dtype, device=device,
                                                                                    seed=seed)  # fmt: skip
     else:

@@ -48,6 +48,9 @@ def add_serve_arguments(p) -> None:
                    "little), schedule[:FRACTION[:WARMUP]] (compute FRACTION of the steps after WARMUP) or "
                    "taylor[:FRACTION[:WARMUP]] (the schedule, skipped steps forecast to first order). Requests may "
                    "set their own or 'off'. Turns whole-step CUDA graphs off (default: no step caching)")
+    p.add_argument("--weights", metavar="DIR", help="serve this checkpoint of the artifact's architecture (a diffusers "
+                   "transformer directory, or a pipeline directory's transformer/) instead of the weights it was "
+                   "built from; its config is checked against the artifact's; zero compiles")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="load a LoRA (diffusers/PEFT or kohya safetensors) at start; repeatable. Requests pick one with "
                    "\"lora\": {\"name\": NAME, \"scale\": S}; POST /v1/loras and DELETE /v1/loras/NAME change them "
@@ -96,7 +99,7 @@ def serve_config(args):
                        max_steps=args.max_steps, default_steps=args.default_steps, timeout_s=args.timeout,
                        max_body_bytes=args.max_body_bytes, jit_fallback=args.jit_fallback,
                        warmup_steps=args.warmup_steps, model_name=args.model_name,
-                       step_cache=args.step_cache, loras=loras)  # fmt: skip
+                       step_cache=args.step_cache, loras=loras, weights=args.weights)  # fmt: skip
 
 
 def check_port(host: str, port: int) -> None:
@@ -146,6 +149,10 @@ def run_serve(args, console) -> int:
     checked = check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)
     check_family(checked[0], config.artifact)
     pipeline_dir(config, checked[0].model.source)  # a missing pipeline directory is reported before anything loads
+    if config.weights:
+        from omni_compile.server.pipeline import weights_dir
+
+        weights_dir(config.weights)
     console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
     app = build_app(config, loader=functools.partial(load_pipeline, checked=checked))

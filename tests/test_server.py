@@ -450,3 +450,29 @@ def test_lora_load_apply_unload(server_a, tmp_path):
     assert status == 404 and "no LoRA named 'style'" in body["error"]["message"]
     status, body = gen(port, seed=5, num_inference_steps=2, lora={"name": "style"})
     assert status == 400
+
+
+def test_serve_another_checkpoint(tiny_artifact, tmp_path):
+    """--weights DIR: the artifact serves another checkpoint of its architecture with zero compiles (the weights
+    bound are the directory's); a checkpoint of another config is refused with the difference named."""
+    import torch
+
+    import omni_compile
+    from omni_compile.artifact.manifest import ArtifactError
+    from omni_compile.models import resolve_model
+    from omni_compile.server import ServeConfig
+    from omni_compile.server.pipeline import load_pipeline, weights_dir
+
+    other = resolve_model("flux-tiny").load(dtype=torch.float32, device="cpu", seed=123)
+    other.save_pretrained(tmp_path / "ckpt")
+    with omni_compile.counters.expect(regions_compiled=0, aot_compiles=0):
+        pipe = load_pipeline(ServeConfig(artifact=str(tiny_artifact), weights=str(tmp_path / "ckpt")))
+    served = pipe.pipe.transformer.state_dict()
+    assert all(torch.equal(served[k], v) for k, v in other.state_dict().items())
+    assert pipe.compiled and len(pipe.run(["a red cat"], [5], 64, 64, 2, 3.5)) == 1
+    wider = resolve_model("flux-tiny", model_config={"num_layers": 3}).load(dtype=torch.float32, device="cpu", seed=1)
+    wider.save_pretrained(tmp_path / "wider")
+    with pytest.raises(ArtifactError, match="config differs from the one the artifact was compiled for.*num_layers"):
+        load_pipeline(ServeConfig(artifact=str(tiny_artifact), weights=str(tmp_path / "wider")))
+    with pytest.raises(omni_compile.ConfigError, match="is not a diffusers transformer directory"):
+        weights_dir(str(tmp_path))
