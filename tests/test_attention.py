@@ -534,19 +534,29 @@ def test_measured_choice_on_cuda(fresh_dynamo, no_inductor_cache):
     assert err < 2e-2
 
 
-class _ExplicitAttentionBlock(torch.nn.Module):
-    """Attention written out: softmax(q kᵀ / sqrt(d)) v, no SDPA call."""
-
-    def __init__(self, dim=32, heads=2):
+class _SelfAttentionBlock(torch.nn.Module):
+    def __init__(self, dim=128, heads=2):
         super().__init__()
         self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
         self.heads = heads
 
+    def attend(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
     def forward(self, x):
         b, s, d = x.shape
         q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
-        a = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
-        return self.o(a.transpose(1, 2).reshape(b, s, d)) + x
+        return self.o(self.attend(q, k, v).transpose(1, 2).reshape(b, s, d)) + x
+
+
+class _ExplicitAttentionBlock(_SelfAttentionBlock):
+    """Attention written out: softmax(q kᵀ / sqrt(d)) v, no SDPA call."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__(dim, heads)
+
+    def attend(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
 
 
 @pytest.mark.compile
@@ -857,19 +867,6 @@ def test_fa3_fp8_attention_against_float64(fa3_stub):
     assert torch.equal(out, fa3_fp8.fp8_attention(_fa3_stub_forward, q, k, v, scale))
 
 
-class _SelfAttentionBlock(torch.nn.Module):
-    def __init__(self, dim=128, heads=2):
-        super().__init__()
-        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
-        self.heads = heads
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = (p(x).view(b, s, self.heads, -1).transpose(1, 2) for p in (self.q, self.k, self.v))
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        return self.o(a.transpose(1, 2).reshape(b, s, d)) + x
-
-
 @pytest.mark.compile
 def test_fa3_fp8_in_compiled_regions(fa3_stub, monkeypatch, fresh_dynamo, no_inductor_cache):
     """FA3_FP8_ATTN by name on a (described) H200: the quantization is part of the region (FA3's kernel gets e4m3
@@ -899,7 +896,8 @@ def test_fa3_fp8_in_compiled_regions(fa3_stub, monkeypatch, fresh_dynamo, no_ind
     with torch.no_grad():
         out = model(x)
     (rec,) = omni_compile.compile_state(model).records
-    assert rec.passes["attention"] == 1 and rec.attention["generic.attn"]["implementation"] == "FA3_FP8_ATTN"
+    (entry,) = rec.attention.values()
+    assert rec.passes["attention"] == 1 and entry["implementation"] == "FA3_FP8_ATTN", rec.attention
     assert seen == [(torch.float8_e4m3fn, (2, 2))] * 2  # one kernel call per block, quantized in the region
     assert rel_l2(out.double(), expected.double()) < 2e-2  # Inductor's fused quantization rounds a little apart
     assert 1e-3 < rel_l2(out.double(), exact.double()) < 6e-2  # and the fp8 cost stays in its bound

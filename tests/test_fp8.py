@@ -97,17 +97,20 @@ def test_fp8_keep_leaves_the_named_linears(any_device):
     assert type(fresh.get_submodule("transformer_blocks.1.ff.net.2")) is torch.nn.Linear
 
 
-@pytest.mark.compile
-def test_compiled_fp8_matches_eager_fp8_and_reports_its_cost(any_device, fresh_dynamo):
+def _lossless_and_eager_fp8(model, inputs):
+    """(the model's output, the output of an eager copy with the fp8 transform) on `inputs`."""
     import copy
 
-    model, inputs = _flux_tiny()
-    with torch.no_grad():
-        lossless = model(**inputs)[0]
     eager8 = copy.deepcopy(model)
     apply_transforms(eager8, ["fp8"], _blocks(eager8))
     with torch.no_grad():
-        expected = eager8(**inputs)[0]
+        return model(**inputs)[0], eager8(**inputs)[0]
+
+
+@pytest.mark.compile
+def test_compiled_fp8_matches_eager_fp8_and_reports_its_cost(any_device, fresh_dynamo):
+    model, inputs = _flux_tiny()
+    lossless, expected = _lossless_and_eager_fp8(model, inputs)
     with counters.expect(weight_transforms=34, regions_compiled=2):
         omni_compile.compile(model, precision="fp8")
         with torch.no_grad():
@@ -245,18 +248,11 @@ def test_fp8_linear_on_cuda_against_float64():
 def test_compiled_fp8_on_cuda(fresh_dynamo, no_inductor_cache):
     """flux-tiny in bf16 on the GPU with the fp8 transform, no test switch: compiled equals eager fp8 up to bf16
     rounding, and the lossy cost is within the documented bound."""
-    import copy
-
     spec = resolve_model("flux-tiny")
     model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
     inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("64x64"), dtype=torch.bfloat16, device="cuda",
                                          text_len=spec.text_len, seed=1)  # fmt: skip
-    with torch.no_grad():
-        lossless = model(**inputs)[0]
-    eager8 = copy.deepcopy(model)
-    apply_transforms(eager8, ["fp8"], _blocks(eager8))
-    with torch.no_grad():
-        expected = eager8(**inputs)[0]
+    lossless, expected = _lossless_and_eager_fp8(model, inputs)
     with counters.expect(weight_transforms=34, regions_compiled=2):
         omni_compile.compile(model, omni_compile.CompileConfig(weight_transforms=["fp8"]))
         with torch.no_grad():
