@@ -59,6 +59,7 @@ def main() -> int:
     from omni_compile.config import parse_dtype
     from omni_compile.models import resolve_model
     from omni_compile.models.flux_pipeline import random_pipeline
+    from omni_compile.ops.fp8 import has_fp8
     from omni_compile.runtime.step_cache import EVERY_STEP, StepCacheConfig, enable_step_cache
 
     tiny = args.preset == "flux-tiny"
@@ -105,7 +106,7 @@ def main() -> int:
     print(f"# first call (compile) {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     results, reference = [], None
     for setting in settings:
-        if setting.startswith("fp8+") and not any(type(m).__name__ == "Fp8Linear" for m in model.modules()):
+        if setting.startswith("fp8+") and not has_fp8(model):
             omni_compile.uncompile(model)  # takes the step cache off too
             omni_compile.compile(model, {"weight_transforms": ["fp8"]})
             cache = watched_cache()

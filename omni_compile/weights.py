@@ -150,7 +150,7 @@ def quantize_fp8(model: nn.Module, blocks: list[nn.Module] | None = None, keep: 
     `blocks`: the model's repeated blocks (the compiler's regions' instances)."""
     from fnmatch import fnmatchcase
 
-    from omni_compile.ops.fp8 import Fp8Linear
+    from omni_compile.ops.fp8 import Fp8Linear, has_fp8
 
     if blocks is None:
         raise ConfigError("weight transform fp8 needs the model's blocks (it runs in omni_compile.compile)")
@@ -160,7 +160,7 @@ def quantize_fp8(model: nn.Module, blocks: list[nn.Module] | None = None, keep: 
         paths = {id(m): n for n, m in model.named_modules()}
         named = [(paths.get(id(linear), ""), t) for t in targets for linear in [t[2]]]
         unmatched = [k for k in keep if not any(fnmatchcase(path, k) for path, _ in named)]
-        done = any(isinstance(m, Fp8Linear) for m in model.modules())
+        done = has_fp8(model)
         if unmatched and not done:  # a typo would silently quantize what the user meant to keep
             example = ", ".join(path for path, _ in named[:3])
             raise ConfigError(f"fp8_keep pattern(s) {unmatched} match none of the {len(named)} Linears fp8 takes "

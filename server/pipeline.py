@@ -209,7 +209,9 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> LoadedPi
 
         cache = enable_step_cache(pipe, config.step_cache)
     loras = None
-    if not any(type(m).__name__ == "Fp8Linear" for m in transformer.modules()):
+    from omni_compile.ops.fp8 import has_fp8
+
+    if not has_fp8(transformer):
         from omni_compile.runtime.lora import lora_adapters
 
         loras = lora_adapters(transformer)

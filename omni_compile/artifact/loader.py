@@ -381,7 +381,7 @@ def verify(
     weights and seeded inputs (`weights` as in `load`; `example_inputs`, module:function, overrides the
     function recorded for a model with no adapter). Raises ArtifactError for a failed check; returns the result otherwise
     (`ok` False when a bucket's output is off by more than the build's parity bound)."""
-    from omni_compile.artifact.parity import PARITY_BOUND, bucket_output
+    from omni_compile.artifact.parity import PARITY_BOUND, bucket_output, rel_l2
     from omni_compile.config import ShapeBucket
     from omni_compile.weights import LOSSY
 
@@ -423,9 +423,9 @@ def verify(
     with torch.no_grad():
         for b, (inputs, ref) in references.items():
             got = bucket_output(loaded(**inputs))
-            parity[b] = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+            parity[b] = rel_l2(got, ref)
             if b in lossless:
-                cost[b] = float((got.double() - lossless[b].double()).norm() / lossless[b].double().norm())
+                cost[b] = rel_l2(got, lossless[b])
     bound = PARITY_BOUND[dtype]
     result = {
         "artifact": str(root),

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from omni_compile.artifact.parity import PARITY_BOUND, bucket_output
+from omni_compile.artifact.parity import PARITY_BOUND, bucket_output, rel_l2
 from omni_compile.build.compilers import select
 from omni_compile.build.report import build_report
 from omni_compile.build.session import BuildEvents, BuildOptions, BuildSession, check_out, sync
@@ -174,7 +174,7 @@ class BuildPipeline:
             outputs = self.compiler.compiled_outputs(self, tmp)
             parity = {b: _parity(outputs[b], ref) for b, (_, ref) in self.references.items()}
             for b, ref in self.lossless.items():  # a lossy transform's cost: against the model as given
-                parity[b]["rel_l2_vs_lossless"] = _rel_l2(outputs[b], ref)
+                parity[b]["rel_l2_vs_lossless"] = rel_l2(outputs[b], ref)
         lossy = {b: p["rel_l2_vs_lossless"] for b, p in parity.items() if "rel_l2_vs_lossless" in p}
         if lossy:  # lossy options always print their error
             from omni_compile.weights import LOSSY
@@ -210,12 +210,8 @@ class BuildPipeline:
         return self.compiler.result(self, report)
 
 
-def _rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-
-
 def _parity(got: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
-    return {"rel_l2_vs_eager": _rel_l2(got, ref), "finite": bool(torch.isfinite(got).all()),
+    return {"rel_l2_vs_eager": rel_l2(got, ref), "finite": bool(torch.isfinite(got).all()),
             "output_shape": list(got.shape), "checked": "here"}  # fmt: skip
 
 

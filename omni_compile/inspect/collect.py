@@ -25,7 +25,7 @@ from omni_compile.config import CompileConfig, dtype_name
 from omni_compile.errors import ConfigError
 from omni_compile.inspect.graphs import dynamo_call, read_graph_dumps
 from omni_compile.inspect.kernels import read_kernels
-from omni_compile.artifact.parity import bucket_output
+from omni_compile.artifact.parity import bucket_output, rel_l2
 from omni_compile.build.record import capture_output_code
 
 SCHEMA = "omni-compile/inspect/1"
@@ -237,9 +237,8 @@ def inspect_model(opts: InspectOptions, workdir: Path, on_stage=lambda msg: None
                 out = model(**inputs[str(bucket)])
             sync(device)
             if lossy:
-                ref = lossless[str(bucket)]
-                err = float((bucket_output(out).double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
                 quality = quality or {"lossy": lossy, "buckets": {}}
+                err = rel_l2(bucket_output(out), lossless[str(bucket)])
                 quality["buckets"][str(bucket)] = {"rel_l2_vs_lossless": err}
             for i in range(before, len(state.records)):
                 graph_buckets[i] = str(bucket)

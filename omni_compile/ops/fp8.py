@@ -68,6 +68,11 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weight=e4m3 per-channel"
 
 
+def has_fp8(model: nn.Module) -> bool:
+    """Whether the fp8 transform has run on `model` (any of its Linears is an Fp8Linear)."""
+    return any(isinstance(m, Fp8Linear) for m in model.modules())
+
+
 def eligible(linear: nn.Linear) -> str | None:
     """None when `linear` can run as an Fp8Linear, else why not (the GEMM needs both sizes multiples of 16)."""
     if linear.in_features % 16 or linear.out_features % 16:

@@ -193,7 +193,9 @@ def lora_adapters(target) -> LoraSet:
                           f"{type(target).__name__}")  # fmt: skip
     found = getattr(model, "_omni_lora", None)
     if found is None:
-        if any(type(m).__name__ == "Fp8Linear" for m in model.modules()):
+        from omni_compile.ops.fp8 import has_fp8
+
+        if has_fp8(model):
             raise ConfigError("LoRA on an fp8 model is not supported yet: build or compile it without --precision "
                               "fp8")  # fmt: skip
         found = model._omni_lora = LoraSet(model)
