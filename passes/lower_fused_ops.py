@@ -105,7 +105,16 @@ def splice_body(node: torch.fx.Node, bound: dict, impl, trace=fake_trace) -> Non
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     with graph.inserting_before(node):
         out = graph.graph_copy(traced.graph, {ph: bound[name] for ph, name in zip(placeholders, tensors)})
-    node.replace_all_uses_with(out)
+    if isinstance(out, (tuple, list)):  # an op with several outputs: its users are getitem nodes
+        import operator
+
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise RuntimeError(f"a user of the multi-output op {node.format_node()} is not a getitem: {user}")
+            user.replace_all_uses_with(out[user.args[1]])
+            graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(out)
     graph.erase_node(node)
 
 

@@ -31,6 +31,7 @@ from omni_compile.passes.adaln import AdaLNPass
 from omni_compile.passes.attention import AttentionPass
 from omni_compile.passes.cat_gemm import CatGemmPass
 from omni_compile.passes.complex_mul import ComplexMulPass
+from omni_compile.passes.fp8_act import Fp8ActPass
 from omni_compile.passes.gated_residual import GatedResidualPass
 from omni_compile.passes.gemm_gelu import GemmGeluPass
 from omni_compile.passes.lower_fused_ops import LowerFusedOpsPass
@@ -47,6 +48,7 @@ PASS_ORDER: tuple[type[OmniPass], ...] = (
     QKNormRopePass,
     AdaLNPass,
     GatedResidualPass,
+    Fp8ActPass,
     GemmGeluPass,
     CatGemmPass,
     AttentionPass,

@@ -18,7 +18,14 @@ from omni_compile.ops.registry import (
     register,
     select,
 )
-from omni_compile.ops import adaln, gated_residual, linear_parts, rms_norm, rms_norm_rope  # noqa: F401  (register the ops)
+from omni_compile.ops import (  # noqa: F401  (register the ops)
+    adaln,
+    gated_residual,
+    linear_parts,
+    quant_rows,
+    rms_norm,
+    rms_norm_rope,
+)
 from omni_compile.ops import kernels  # noqa: F401,E402  (register the kernels)
 
 __all__ = ["AUTO", "FUSED_OPS", "NATIVE", "FusedOp", "Implementation", "Kernel", "KernelUnavailableError", "Resolution",

@@ -4,9 +4,10 @@ channel, and whose input is quantized per row (token) at run time, inside the co
     y = (q(x) * s_x) (q(W) * s_W)ᵀ + b,   s_x = max|x_row| / 448,  s_W = max|W_row| / 448
 
 `torch._scaled_mm` multiplies the e4m3 operands and applies both scales and the bias in its epilogue
-(rowwise scaling: [M, 1] and [1, N] fp32 scales), writing the activation dtype. Inductor traces the
-quantization of x (a row max, a division, a cast) into the region graph, where it fuses with whatever
-produces x (the norm and modulation before a projection, the GELU before the MLP's second GEMM).
+(rowwise scaling: [M, 1] and [1, N] fp32 scales), writing the activation dtype. The quantization of x is
+the fused op `omni_compile::quant_rows` (`omni_compile.ops.quant_rows`): one kernel on a GPU that reads each
+row once, with a GELU before it folded in by the `fp8_act` pass (the MLP's second GEMM); with
+`--kernels quant_rows=native` it is plain torch that Inductor fuses with whatever produces x.
 
 Weights are quantized once, when they are bound (`omni_compile.weights`, transform "fp8"): the bf16 weight
 is replaced by its e4m3 copy (half the memory), never kept beside it.
@@ -17,22 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)  # 448
-_TINY = 1e-12  # a row of zeros gets a scale that maps it to zeros, not NaN
-
-
-def quantize(t: torch.Tensor, dims) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 tensor, fp32 scales) with one scale per slice over `dims` (kept as size 1 in the scales), the
-    slice's largest magnitude mapped to 448: t ≈ q * scale."""
-    amax = t.abs().amax(dim=dims, keepdim=True).float().clamp(min=_TINY)
-    scale = amax / FP8_MAX
-    return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 tensor, fp32 [rows, 1] scales) of a 2-D tensor, one scale per row."""
-    return quantize(t, -1)
+from omni_compile.ops.quant_rows import FP8, FP8_MAX, quantize, quantize_rows  # noqa: F401  (re-exported)
 
 
 class Fp8Linear(nn.Module):
@@ -55,7 +41,9 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        xq, sx = quantize_rows(x.reshape(-1, shape[-1]))
+        # one op (`omni_compile::quant_rows`): the fp8_act pass folds a GELU before it, and on a GPU it lowers
+        # to one kernel that reads the row once
+        xq, sx = torch.ops.omni_compile.quant_rows(x.reshape(-1, shape[-1]), "none")
         # weight [out, in] row-major: its transpose is the column-major [in, out] operand _scaled_mm wants
         # the bias in the GEMM's epilogue (no pass of its own over the output); fast accumulation, as torchao's
         # float8 forward does: Hopper's fp8 MMA accumulates in reduced precision between its periodic promotions

@@ -5,4 +5,4 @@ try:
 except ImportError:  # pragma: no cover - Triton is a dependency on Linux
     pass
 else:
-    from omni_compile.ops.kernels import adaln, gated_residual, rms_norm, rms_norm_rope  # noqa: F401
+    from omni_compile.ops.kernels import adaln, gated_residual, quant_rows, rms_norm, rms_norm_rope  # noqa: F401

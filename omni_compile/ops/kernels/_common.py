@@ -91,6 +91,22 @@ def cast_to(x, DTYPE: tl.constexpr, EMULATE_RTNE: tl.constexpr):
 
 
 @triton.jit
+def cast_fp8(x, DTYPE: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """fp32 `x` (|x| <= 448) converted to the e4m3 DTYPE, rounded to nearest even, for a store. The Triton
+    interpreter's own conversion is wrong where rounding carries into the exponent (124.3 -> 64, not 128),
+    so there the value is first rounded to e4m3's grid in fp32: 3 mantissa bits for normals, steps of
+    2^-9 below 2^-6 (subnormals); the conversion of a value on the grid is exact."""
+    if EMULATE_RTNE:
+        bits = x.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        subnormal = ((x * 512.0 + 12582912.0) - 12582912.0) / 512.0
+        y = tl.where(tl.abs(x) < 0.015625, subnormal, normal).to(DTYPE)
+    else:
+        y = x.to(DTYPE)
+    return y
+
+
+@triton.jit
 def row_offsets(rows, n1, n2, s0, s1, s2, LEAD: tl.constexpr):
     """int64 element offsets of flat row indices `rows` in a [n0, n1, n2] grid of rows with strides s0..s2.
 
@@ -186,6 +202,7 @@ __all__ = [
     "PLATFORMS",
     "bcast_reason",
     "bcast_stride",
+    "cast_fp8",
     "cast_to",
     "collapse",
     "device_reason",
