@@ -23,9 +23,9 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from omni_compile.passes.base import PatternPass, _source
 
 from omni_compile.ops import quant_rows as _ops  # noqa: F401  (registers omni_compile::quant_rows)
-from omni_compile.passes.base import PatternPass, _source
 
 aten = torch.ops.aten
 RESHAPES = (aten.reshape.default, aten.view.default)
@@ -111,9 +111,8 @@ class Fp8ActPass(PatternPass):
         return "fp8" in config.weight_transforms  # only fp8 models quantize activations
 
     def register_patterns(self) -> None:
-        from torch._inductor.pattern_matcher import gen_pattern
-
         from omni_compile.passes.base import _trace_like_post_grad
+        from torch._inductor.pattern_matcher import gen_pattern
 
         self._extra_sources += [_source(f) for f in (tanh_gelu, erf_gelu, _plain_quant, _fold, _source_key, merge_duplicates)]
         self._folds = [0]

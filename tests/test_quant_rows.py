@@ -10,17 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import rel_l2, require_triton_interpreter
+from omni_compile.passes import PassLog, PassManager
+from test_passes import AtenGraph, fired, targets
 
 from omni_compile.config import CompileConfig
 from omni_compile.ops import FUSED_OPS, KernelUnavailableError
 from omni_compile.ops.fp8 import Fp8Linear
 from omni_compile.ops.kernels import quant_rows as quant_k
 from omni_compile.ops.quant_rows import ACTS, FP8, FP8_MAX, quant_rows_native
-from omni_compile.passes import PassLog, PassManager
 from omni_compile.platform import current_platform
-
-from conftest import rel_l2, require_triton_interpreter
-from test_passes import AtenGraph, fired, targets
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 QUANT = "omni_compile.quant_rows.default"

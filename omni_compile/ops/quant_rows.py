@@ -67,6 +67,10 @@ def _quant_rows_fake(x, act):
 
 
 QUANT_ROWS = register_fused_op(
-    FusedOp(name="quant_rows", overload=torch.ops.omni_compile.quant_rows.default, arg_names=("x", "act"),
-            native=quant_rows_native)  # fmt: skip
+    FusedOp(
+        name="quant_rows",
+        overload=torch.ops.omni_compile.quant_rows.default,
+        arg_names=("x", "act"),
+        native=quant_rows_native,
+    )
 )
