@@ -114,7 +114,8 @@ class Fp8ActPass(PatternPass):
         from omni_compile.passes.base import _trace_like_post_grad
         from torch._inductor.pattern_matcher import gen_pattern
 
-        self._extra_sources += [_source(f) for f in (tanh_gelu, erf_gelu, _plain_quant, _fold, _source_key, merge_duplicates)]
+        helpers = (tanh_gelu, erf_gelu, _plain_quant, _fold, _source_key, merge_duplicates)
+        self._extra_sources += [_source(f) for f in helpers]
         self._folds = [0]
         for fn, act in ((tanh_gelu, "gelu_tanh"), (erf_gelu, "gelu")):
             for dtype in (torch.float32, torch.bfloat16):  # fp16 traces as bf16 does (dtype literals are ignored)

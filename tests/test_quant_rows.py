@@ -113,7 +113,8 @@ def _acts(gm) -> list[str]:
 def _mlp(dtype, seed=0):
     torch.manual_seed(seed)
     up = torch.nn.Linear(32, 64).to(dtype)
-    return up, Fp8Linear.from_linear(torch.nn.Linear(64, 32).to(dtype)), Fp8Linear.from_linear(torch.nn.Linear(64, 16).to(dtype))
+    down, side = (Fp8Linear.from_linear(torch.nn.Linear(64, n).to(dtype)) for n in (32, 16))
+    return up, down, side
 
 
 @pytest.mark.parametrize("approximate,act", [("tanh", "gelu_tanh"), ("none", "gelu")])
