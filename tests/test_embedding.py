@@ -25,6 +25,15 @@ EXPECTED = {
         "_adaln_kernel": 2,
         "_gated_residual_kernel": 2,
     },
+    # fp8 GEMMs: each activation an fp8 GEMM reads is quantized by one quant_rows launch: the norm1, norm2 and
+    # norm3 outputs, the text states (cross-attention's k and v), both attentions' outputs, the FFN's GELU (folded)
+    "wan-tiny-blocks-fp8": {
+        "_rms_norm_kernel": 2,
+        "_rms_norm_rope_kernel": 2,
+        "_adaln_kernel": 2,
+        "_gated_residual_kernel": 2,
+        "_quant_rows_kernel": 7,
+    },
 }
 
 
@@ -32,6 +41,7 @@ EXPECTED = {
 def lowered(subprocess_env):
     env = {k: v for k, v in subprocess_env.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(TESTS)
+    env["OMNI_COMPILE_FP8_ANY_DEVICE"] = "1"  # the fp8 case's transform on this CPU (its graph is traced, not run)
     proc = subprocess.run(
         [sys.executable, str(TESTS / "embed_check.py")], env=env, capture_output=True, text=True, timeout=600
     )
@@ -47,7 +57,8 @@ def test_every_fused_op_becomes_an_embedded_launch(lowered, block):
     # cat_gemm's linear_parts (FLUX's single-block proj_out) stays a call, as a GEMM does
     linear = ["omni_compile.linear_parts.default"] if block == "flux-tiny-single_transformer_blocks" else []
     assert got["extern_ops"] == linear
-    assert got["clones"] == ["out_ptr"]
+    # the launches clone only their fresh outputs (quant_rows writes two: the e4m3 rows and their scales)
+    assert got["clones"] == (["out_ptr", "q_ptr", "s_ptr"] if block.endswith("-fp8") else ["out_ptr"])
     assert {r["implementation"] for r in got["resolutions"].values()} == {"triton (embedded)"}
     counts = {op: r["count"] for op, r in got["resolutions"].items()}
     assert sum(counts.values()) == sum(EXPECTED[block].values())

@@ -20,10 +20,15 @@ pytestmark = pytest.mark.skipif(
 CPU = current_platform("cpu")
 
 
-def _block_graph(preset: str, block_attr: str, dtype: torch.dtype, shape: str):
-    """An ATen graph of the first block of `block_attr`, with the inputs the model feeds it."""
+def _block_graph(preset: str, block_attr: str, dtype: torch.dtype, shape: str, fp8: bool = False):
+    """An ATen graph of the first block of `block_attr`, with the inputs the model feeds it (`fp8`: its Linears
+    made fp8 GEMMs by the fp8 weight transform)."""
     spec = resolve_model(preset)
     model = spec.load(dtype=dtype, device="cpu", seed=0)
+    if fp8:
+        from omni_compile.weights import quantize_fp8
+
+        quantize_fp8(model, list(getattr(model, block_attr)))
     inputs = spec.adapter.example_inputs(
         model, ShapeBucket.parse(shape), dtype=dtype, device="cpu", text_len=spec.text_len, seed=1
     )
