@@ -12,24 +12,31 @@ An fp8 model (`--precision fp8`) quantizes every fp8 GEMM's input with `omni_com
   unfused chain does, so the e4m3 rows are the same.
 - **One quantization per tensor.** Quantizations of the same tensor with the same activation (q, k and v
   projections of one normed input) are merged into the first.
+- **Norm folding.** A quantization that is the only reader of an `omni_compile::adaln` (the adaln pass ran
+  before) becomes `omni_compile::adaln_quant`: the norm's kernel writes the e4m3 rows and their scales, and
+  the bf16 rows are never written.
 
-The rewrite count is folds plus merges. It runs for fp8 builds only (weight transform `fp8`); nothing here
+The rewrite count is GELU folds plus merges plus norm folds. It runs for fp8 builds only (weight transform `fp8`); nothing here
 is family-specific.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 import torch.nn.functional as F
 from omni_compile.passes.base import PatternPass, _source
 
+from omni_compile.ops import adaln as _adaln  # noqa: F401  (registers omni_compile::adaln and adaln_quant)
 from omni_compile.ops import quant_rows as _ops  # noqa: F401  (registers omni_compile::quant_rows)
 
 aten = torch.ops.aten
 RESHAPES = (aten.reshape.default, aten.view.default)
 QUANT_ROWS = torch.ops.omni_compile.quant_rows.default
+ADALN = torch.ops.omni_compile.adaln.default
+ADALN_QUANT = torch.ops.omni_compile.adaln_quant.default
 
 
 def tanh_gelu(y):
@@ -102,6 +109,46 @@ def merge_duplicates(graph: torch.fx.Graph) -> int:
     return merged
 
 
+def fold_norms(graph: torch.fx.Graph) -> int:
+    """`quant_rows(adaln(...) [-> reshape], "none")`, where the quantization is the norm's only reader, becomes
+    `adaln_quant(...)` (its e4m3 rows and scales reshaped as the quantization's were); how many were folded."""
+    import operator
+
+    from torch._guards import detect_fake_mode
+
+    folded = 0
+    for quant in [n for n in graph.nodes if n.target is QUANT_ROWS and n.args[1] == "none" and not n.kwargs]:
+        src = quant.args[0]
+        norm = src.args[0] if src.target in RESHAPES else src
+        if not isinstance(norm, torch.fx.Node):
+            continue
+        if norm.target is not ADALN or len(norm.users) != 1 or len(src.users) != 1:
+            continue
+        if any(u.target is not operator.getitem for u in quant.users):
+            continue
+        x = norm.args[0].meta["val"]
+        with graph.inserting_before(quant), detect_fake_mode([x]) or contextlib.nullcontext():
+            fused = graph.call_function(ADALN_QUANT, norm.args, norm.kwargs)
+            parts = []
+            for i, dtype in enumerate((torch.float8_e4m3fn, torch.float32)):
+                part = graph.call_function(operator.getitem, (fused, i))
+                part.meta["val"] = x.new_empty((*x.shape[:-1], x.shape[-1] if i == 0 else 1), dtype=dtype)
+                parts.append(part)
+        for user in list(quant.users):
+            i = user.args[1]
+            with graph.inserting_before(user):
+                rows = graph.call_function(aten.reshape.default, (parts[i], list(user.meta["val"].shape)))
+                rows.meta.update(user.meta)
+            user.replace_all_uses_with(rows)
+            graph.erase_node(user)
+        graph.erase_node(quant)
+        if src is not norm:
+            graph.erase_node(src)
+        graph.erase_node(norm)
+        folded += 1
+    return folded
+
+
 class Fp8ActPass(PatternPass):
     """Folds GELUs into the fp8 row quantization after them, and merges duplicate quantizations."""
 
@@ -114,7 +161,7 @@ class Fp8ActPass(PatternPass):
         from omni_compile.passes.base import _trace_like_post_grad
         from torch._inductor.pattern_matcher import gen_pattern
 
-        helpers = (tanh_gelu, erf_gelu, _plain_quant, _fold, _source_key, merge_duplicates)
+        helpers = (tanh_gelu, erf_gelu, _plain_quant, _fold, _source_key, merge_duplicates, fold_norms)
         self._extra_sources += [_source(f) for f in helpers]
         self._folds = [0]
         for fn, act in ((tanh_gelu, "gelu_tanh"), (erf_gelu, "gelu")):
@@ -137,4 +184,6 @@ class Fp8ActPass(PatternPass):
         self.materialize()
         self._folds[0] = 0
         self.patterns.apply(graph)
-        return self._folds[0] + merge_duplicates(graph)
+        merged = merge_duplicates(graph)
+        graph.eliminate_dead_code()  # the merged quantizations' reshapes: a norm's readers are counted next
+        return self._folds[0] + merged + fold_norms(graph)

@@ -86,7 +86,7 @@ def test_kernel_choices(monkeypatch):
     from omni_compile.ops.registry import FUSED_OPS, parse_kernel_choices
 
     ops = set(FUSED_OPS)
-    assert ops == {"rms_norm", "adaln", "gated_residual", "rms_norm_rope", "quant_rows"}
+    assert ops == {"rms_norm", "adaln", "gated_residual", "rms_norm_rope", "quant_rows", "adaln_quant"}
     assert parse_kernel_choices({}) == {op: "auto" for op in ops}
     assert parse_kernel_choices({"*": "native"}) == {op: "native" for op in ops}
     assert parse_kernel_choices({"*": "triton", "adaln": "native"}) == {
@@ -129,7 +129,7 @@ def test_auto_selection_picks_only_kernels_verified_on_the_platform():
 
     cuda = Platform("cuda", "NVIDIA H200", (9, 0), "2.11.0", "3.6.0", "13.0", None)
     rocm = Platform("rocm", "AMD Instinct MI300X", (9, 4), "2.11.0", "3.6.0", None, "6.4")
-    auto_on_cuda = {"rms_norm", "adaln", "rms_norm_rope", "quant_rows"}
+    auto_on_cuda = {"rms_norm", "adaln", "rms_norm_rope", "quant_rows", "adaln_quant"}
     assert auto_on_cuda < set(FUSED_OPS)
     for op in FUSED_OPS.values():
         res = op.resolve(cuda, None, "auto")

@@ -162,6 +162,74 @@ def test_fp8_act_runs_for_fp8_builds_only():
         assert "fp8_act" not in _run_passes(gm, CompileConfig(passes=["-lower_fused_ops"])).matches()
 
 
+def _adaln_args(dtype, device=DEV):
+    x = _x(2, 6, 64, dtype=dtype, device=device)
+    mod = _x(2, 1, 128, dtype=dtype, seed=3, device=device) * 0.3
+    return x, mod[..., :64], mod[..., 64:]  # scale and shift: per-sample views of one chunked tensor
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_adaln_kernel_writes_the_quantized_rows(norm, dtype):
+    """adaln_quant's kernel (the adaln kernel writing e4m3 rows) against quantizing the native adaln's output."""
+    if DEV == "cpu":
+        require_triton_interpreter()
+    from omni_compile.ops.adaln import adaln_native, adaln_quant_native
+    from omni_compile.ops.kernels.adaln import _adaln_quant_impl
+
+    x, scale, shift = _adaln_args(dtype)
+    args = (x, scale, shift, 1e-6, norm, True)
+    q, s = _adaln_quant_impl(*args)
+    qn, sn = adaln_quant_native(*args)
+    assert q.dtype == FP8 and q.shape == x.shape and s.shape == (2, 6, 1)
+    y = adaln_native(*args)
+    # the kernel's adaln rows equal the native op's up to its usual last-bit differences; quantized, they are
+    # the same e4m3 rows but where such a difference crosses a rounding boundary
+    torch.testing.assert_close(s, sn, rtol=2 ** -7, atol=0)
+    assert (q.float() != qn.float()).float().mean() < 2e-2
+    assert rel_l2(q.double() * s.double(), y.double()) < 3e-2
+
+
+def _norm_then_fp8(dtype, shared: bool):
+    from omni_compile.ops.adaln import adaln  # noqa: F401  (the op)
+
+    _, down, side = _mlp(dtype)
+    linear = Fp8Linear.from_linear(torch.nn.Linear(64, 64).to(dtype))
+
+    def fn(x, scale, shift):
+        n = torch.ops.omni_compile.adaln(x, scale, shift, 1e-6, "layer", True)
+        out = (down(n), linear(n))
+        return (*out, n * 2) if shared else out
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_fp8_act_folds_a_norm_read_only_by_its_quantization(dtype):
+    """adaln -> two fp8 Linears: one quantization (merged), then the norm writes the e4m3 rows (adaln_quant)."""
+    fn = _norm_then_fp8(dtype, shared=False)
+    args = tuple(t.cpu() for t in _adaln_args(dtype, device="cpu"))
+    with torch.no_grad():
+        gm = AtenGraph(fn, *args)
+        log = _run_passes(gm)
+        assert fired(log) == {"fp8_act": 2}  # one merge, one norm fold
+        assert "omni_compile.adaln_quant.default" in targets(gm) and QUANT not in targets(gm)
+        assert "omni_compile.adaln.default" not in targets(gm)
+        expected, out = fn(*args), gm(*args)
+    for e, o in zip(expected, out):
+        assert torch.equal(o, e)
+
+
+def test_fp8_act_keeps_a_norm_read_elsewhere():
+    fn = _norm_then_fp8(torch.bfloat16, shared=True)
+    args = tuple(t.cpu() for t in _adaln_args(torch.bfloat16, device="cpu"))
+    with torch.no_grad():
+        gm = AtenGraph(fn, *args)
+        log = _run_passes(gm)
+    assert log.matches()["fp8_act"] == 1  # the merge only: the bf16 rows are needed
+    assert "omni_compile.adaln.default" in targets(gm) and "omni_compile.adaln_quant.default" not in targets(gm)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("act", ACTS)

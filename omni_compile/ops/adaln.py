@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from omni_compile.ops.quant_rows import FP8, quantize_rows
 from omni_compile.ops.registry import FusedOp, register_fused_op
 from omni_compile.ops.rms_norm import rms_norm_native
 
@@ -95,5 +96,54 @@ ADALN = register_fused_op(
         overload=torch.ops.omni_compile.adaln.default,
         arg_names=("x", "scale", "shift", "eps", "norm", "round_norm", "weight", "bias", "cast_before_weight"),
         native=adaln_native,
+    )
+)
+
+
+# ---------------------------------------------------------------- adaln, then fp8 rows
+
+def adaln_quant_native(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    norm: str,
+    round_norm: bool,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    cast_before_weight: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_rows(adaln_native(x, scale, shift, eps, norm, round_norm, weight, bias, cast_before_weight))
+
+
+@torch.library.custom_op("omni_compile::adaln_quant", mutates_args=())
+def adaln_quant(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    norm: str,
+    round_norm: bool,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    cast_before_weight: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quant_rows(adaln(...), "none")`: the modulated rows in e4m3 with their fp32 scales ([B, S, D] and
+    [B, S, 1]), for the fp8 GEMMs that read a norm's output (the `fp8_act` pass); the bf16 rows are never
+    written."""
+    return adaln_quant_native(x, scale, shift, eps, norm, round_norm, weight, bias, cast_before_weight)
+
+
+@adaln_quant.register_fake
+def _adaln_quant_fake(x, scale, shift, eps, norm, round_norm, weight=None, bias=None, cast_before_weight=False):
+    return x.new_empty(x.shape, dtype=FP8), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+ADALN_QUANT = register_fused_op(
+    FusedOp(
+        name="adaln_quant",
+        overload=torch.ops.omni_compile.adaln_quant.default,
+        arg_names=ADALN.arg_names,
+        native=adaln_quant_native,
     )
 )

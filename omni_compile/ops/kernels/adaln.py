@@ -18,11 +18,13 @@ import triton
 import triton.language as tl
 
 from omni_compile.ops.adaln import NORMS
+from omni_compile.ops.quant_rows import FP8
 from omni_compile.ops.kernels._common import (
     EMULATE_RTNE,
     PLATFORMS,
     bcast_reason,
     bcast_stride,
+    cast_fp8,
     cast_to,
     device_reason,
     dtype_reason,
@@ -44,6 +46,8 @@ def _adaln_kernel(
     w_ptr,
     bias_ptr,
     out_ptr,
+    q_ptr,
+    qs_ptr,
     n_rows,
     S,
     D,
@@ -63,11 +67,13 @@ def _adaln_kernel(
     HAS_BIAS: tl.constexpr,
     LAYER: tl.constexpr,
     ROUND_NORM: tl.constexpr,
+    QUANT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """ROWS tokens a program: out = norm(x) * (1 + scale) + shift (see the module docstring)."""
+    """ROWS tokens a program: out = norm(x) * (1 + scale) + shift (see the module docstring); with QUANT, the
+    rounded rows in e4m3 (q) with their scales (qs) instead, as `quant_rows` computes them."""
     eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     b = (rows // S).to(tl.int64)
@@ -94,7 +100,14 @@ def _adaln_kernel(
         sh_off = (b * ssh_b + s * ssh_s)[:, None] + cols[None, :] * SSHD
         y = y + tl.load(shift_ptr + sh_off, mask=mask, other=0.0).to(tl.float32)
     out_off = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    tl.store(out_ptr + out_off, cast_to(y, out_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)
+    if QUANT:
+        y = round_to(y, x_ptr.dtype.element_ty, EMULATE_RTNE)  # the adaln output quant_rows would read
+        qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), 1e-12) / 448.0
+        q = tl.minimum(tl.maximum(y / qscale[:, None], -448.0), 448.0)
+        tl.store(q_ptr + out_off, cast_fp8(q, q_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)
+        tl.store(qs_ptr + rows.to(tl.int64), qscale, mask=rows < n_rows)
+    else:
+        tl.store(out_ptr + out_off, cast_to(y, out_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)
 
 
 def supports(x, scale, shift, eps, norm, round_norm, weight=None, bias=None, cast_before_weight=False) -> str | None:
@@ -128,8 +141,9 @@ def supports(x, scale, shift, eps, norm, round_norm, weight=None, bias=None, cas
     )
 
 
-def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=None, bias=None):
-    """Launch the kernel writing `out` (contiguous [B, S, D] of x.dtype). `config` overrides ROWS / num_warps."""
+def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=None, bias=None, quant=None):
+    """Launch the kernel writing `out` (contiguous [B, S, D] of x.dtype), or with `quant` = (q, qs) the e4m3 rows
+    (contiguous [B, S, D]) and their fp32 scales ([B, S, 1]) instead. `config` overrides ROWS / num_warps."""
     B, S, D = x.shape
     block_d = next_pow2(D)
     rows, num_warps = row_tiling(block_d)
@@ -143,7 +157,9 @@ def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=Non
         sh,
         x if weight is None else weight,
         x if bias is None else bias,
-        out,
+        x if out is None else out,
+        x if quant is None else quant[0],
+        x if quant is None else quant[1],
         B * S,
         S,
         D,
@@ -163,12 +179,13 @@ def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=Non
         HAS_BIAS=bias is not None,
         LAYER=norm == "layer",
         ROUND_NORM=bool(round_norm),
+        QUANT=quant is not None,
         ROWS=rows,
         BLOCK_D=block_d,
         EMULATE_RTNE=EMULATE_RTNE,
         num_warps=num_warps,
     )
-    return out
+    return out if quant is None else quant
 
 
 def _adaln_impl(
@@ -204,5 +221,38 @@ KERNEL = register(
         launcher=_adaln_impl,
         auto_on=("cuda",),
         description="Triton kernel, embedded in Inductor's generated code",
+    )
+)
+
+
+def _adaln_quant_impl(
+    x: torch.Tensor,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    norm: str,
+    round_norm: bool,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    cast_before_weight: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`omni_compile::adaln_quant` as one launch of the adaln kernel: the rows in e4m3 and their scales."""
+    q = x.new_empty(x.shape, dtype=FP8)
+    qs = x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+    return _launch(x, scale, shift, eps, norm, round_norm, None, weight=weight, bias=bias, quant=(q, qs))
+
+
+adaln_quant_triton = torch.library.triton_op("omni_compile::adaln_quant_triton", mutates_args=())(_adaln_quant_impl)
+
+QUANT_KERNEL = register(
+    Kernel(
+        op="adaln_quant",
+        name="triton",
+        platforms=PLATFORMS,
+        overload=torch.ops.omni_compile.adaln_quant_triton.default,
+        supports=supports,
+        launcher=_adaln_quant_impl,
+        auto_on=("cuda",),
+        description="the adaln Triton kernel writing e4m3 rows and their scales, embedded in Inductor's code",
     )
 )
