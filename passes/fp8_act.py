@@ -16,8 +16,8 @@ An fp8 model (`--precision fp8`) quantizes every fp8 GEMM's input with `omni_com
   before) becomes `omni_compile::adaln_quant`: the norm's kernel writes the e4m3 rows and their scales, and
   the bf16 rows are never written.
 
-The rewrite count is GELU folds plus merges plus norm folds. It runs for fp8 builds only (weight transform `fp8`); nothing here
-is family-specific.
+The rewrite count is GELU folds plus merges plus norm folds. It runs for fp8 builds only (weight transform
+`fp8`); nothing here is family-specific.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def test_adaln_kernel_writes_the_quantized_rows(norm, dtype):
 def _norm_then_fp8(dtype, shared: bool):
     from omni_compile.ops.adaln import adaln  # noqa: F401  (the op)
 
-    _, down, side = _mlp(dtype)
+    _, down, _ = _mlp(dtype)
     linear = Fp8Linear.from_linear(torch.nn.Linear(64, 64).to(dtype))
 
     def fn(x, scale, shift):

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from omni_compile.ops.adaln import NORMS
-from omni_compile.ops.quant_rows import FP8
 from omni_compile.ops.kernels._common import (
     EMULATE_RTNE,
     PLATFORMS,
@@ -35,6 +34,7 @@ from omni_compile.ops.kernels._common import (
     row_tiling,
     width_reason,
 )
+from omni_compile.ops.quant_rows import FP8
 from omni_compile.ops.registry import Kernel, register
 
 
