@@ -41,10 +41,12 @@ def check_against_native(x: torch.Tensor, act: str) -> None:
     else:  # an fp32 activation is not rounded to a coarser grid: its tanh/erf may differ by an ulp
         torch.testing.assert_close(s, sn, rtol=1e-6, atol=0)
     differ = q.float() != qn.float()
-    if act == "none":
-        assert not differ.any()  # the same division and rounding to nearest even
-    else:  # a rounding tie of the activation may fall the other way, one e4m3 step at most
-        assert differ.float().mean() < 5e-3
+    if act == "none" and x.device.type == "cpu":
+        assert not differ.any()  # the interpreter divides as torch does: the same quotient, the same e4m3 value
+    else:
+        # On a GPU Triton's fp32 division is the fast one (2 ulps), and an activation's rounding tie may fall the
+        # other way: where the quotient sits on an e4m3 rounding boundary the value differs, by one step at most
+        assert differ.float().mean() < (5e-5 if act == "none" else 5e-3)
         step = qn.float().abs().clamp(min=2**-6) / 8
         assert ((q.float() - qn.float()).abs() <= step + 2**-9)[differ].all()
     assert q.float().abs().amax() <= FP8_MAX

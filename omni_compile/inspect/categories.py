@@ -5,7 +5,7 @@
 |---|---|
 | `gemm` | cuBLAS/cuBLASLt/CUTLASS GEMMs, Inductor's GEMM templates, `aten::mm`/`addmm`/`bmm` on CPU |
 | `attention` | cuDNN/flash/efficient/math SDPA kernels, our Triton and SAGE attention kernels |
-| `fused_ops` | our fused-op kernels (`omni_compile::rms_norm`, `rms_norm_rope`, `adaln`, `gated_residual`) |
+| `fused_ops` | our fused-op kernels (rms_norm, rms_norm_rope, adaln, adaln_quant, gated_residual, quant_rows) |
 | `triton` | code Inductor generated: Triton kernels on GPUs, C++ kernels (`cpp_fused_*`) on the CPU |
 | `copy` | memcpy / memset / copy kernels |
 | `other` | everything else (elementwise ATen kernels, reductions outside Inductor, ...) |
@@ -24,7 +24,8 @@ LABELS = {
 }
 
 # The Triton kernels of our fused ops (omni_compile/ops/kernels/*.py).
-FUSED_KERNEL_NAMES = ("_rms_norm_kernel", "_adaln_kernel", "_gated_residual_kernel", "_rms_norm_rope_kernel")
+FUSED_KERNEL_NAMES = ("_rms_norm_kernel", "_adaln_kernel", "_gated_residual_kernel", "_rms_norm_rope_kernel",
+                      "_quant_rows_kernel")  # fmt: skip
 # Our attention kernels (omni_compile/attention/triton_attn.py, sage.py).
 ATTENTION_KERNEL_NAMES = ("_attention_kernel", "_sage_kernel", "_mean_kernel", "_quantize_kernel")
 
