@@ -99,6 +99,41 @@ def test_lora_on_a_compiled_model_zero_compiles_and_bit_exact_unload(tmp_path, f
     assert _digest(model) == base_digest and loras.describe() == {"loaded": {}, "active": None}
 
 
+@pytest.mark.compile
+def test_lora_on_an_fp8_model(tmp_path, fresh_dynamo, monkeypatch):
+    """On fp8 Linears the merge dequantizes, adds and quantizes again in place: zero compiles, the output of an
+    fp8 model built from the merged weights up to one more e4m3 rounding, the base back bit for bit."""
+    from omni_compile.weights import apply_transforms
+
+    monkeypatch.setenv("OMNI_COMPILE_FP8_ANY_DEVICE", "1")  # torch's CPU _scaled_mm (see tests/test_fp8.py)
+    model, inputs = _flux_tiny()
+    deltas = _write_lora(tmp_path / "style.safetensors", model)
+    merged_first = _merged_copy(model, deltas, 1.0)  # the LoRA merged before the fp8 transform: the reference
+    apply_transforms(merged_first, ["fp8"], _blocks(merged_first))
+    omni_compile.compile(model, precision="fp8")
+    with torch.no_grad():
+        base = model(**inputs)[0]
+        ref = merged_first(**inputs)[0]
+    base_digest = _digest(model)  # the e4m3 weights and their scales
+    loras = omni_compile.lora_adapters(model)
+    with omni_compile.counters.expect(regions_compiled=0, lora_merges=4), torch.no_grad():
+        loras.load("style", tmp_path / "style.safetensors")
+        loras.activate("style", 1.0)
+        out = model(**inputs)[0]
+        change = rel_l2(ref, base)  # what the LoRA does to the output
+        assert change > 5e-2, change
+        assert rel_l2(out, ref) < change / 10, (rel_l2(out, ref), change)  # one more e4m3 rounding of the weights
+        loras.activate(None)
+        assert _digest(model) == base_digest
+        assert torch.equal(model(**inputs)[0], base)
+
+
+def _blocks(model):
+    from omni_compile.graphs import find_regions
+
+    return [m for r in find_regions(model) for _, m in r.instances]
+
+
 def test_kohya_layout_with_alpha(tmp_path):
     model, inputs = _flux_tiny()
     deltas = _write_lora(tmp_path / "k.safetensors", model, targets=TARGETS[:2], rank=4, layout="kohya", alpha=2)

@@ -19,6 +19,12 @@ modules the model lacks, or whose shapes do not fit them, is refused with the ke
 
 The weights a LoRA touches are copied once to host memory before the first merge; switching adapters or
 scales restores them from that copy and merges again, so the base weights never drift (checksums equal).
+
+On an fp8 model (`--precision fp8`) the targets may be `Fp8Linear`s: the merge dequantizes the e4m3 weight with
+its per-channel scales, adds the delta in fp32 and quantizes again with new scales, both written in place (the
+same shapes and dtypes: zero compiles); unloading copies the e4m3 weight and its scales back. The merged
+weight is quantized once more, so it differs from an fp8 model built from bf16 weights with the LoRA merged
+first by about one e4m3 rounding.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ def read_lora(path: str | Path, model: nn.Module, name: str) -> LoraAdapter:
             problems.append(f"{module}: has {'lora_A' if 'lora_A' in ab else 'lora_B'} but not its pair")
             continue
         a, b = ab["lora_A"], ab["lora_B"]
-        if not isinstance(target, nn.Linear) or type(target) is not nn.Linear:
+        if not _is_linear(target):
             what = "no such module" if target is None else f"a {type(target).__name__}, not a Linear"
             problems.append(f"{module}: {what} in {type(model).__name__}")
             continue
@@ -113,7 +119,8 @@ class LoraSet:
     model: nn.Module
     adapters: dict[str, LoraAdapter] = field(default_factory=dict)
     active: tuple[str, float] | None = None
-    _base: dict[str, torch.Tensor] = field(default_factory=dict)  # module path -> its original weight, on the host
+    # module path -> its original weight (and an fp8 Linear's weight scales), on the host
+    _base: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while the model runs with them
 
@@ -165,17 +172,26 @@ class LoraSet:
     def _restore(self) -> None:
         modules = dict(self.model.named_modules())
         for path, base in self._base.items():
-            modules[path].weight.copy_(base)  # bit for bit: the copy taken before the first merge
+            for param, saved in zip(_params(modules[path]), base):
+                param.copy_(saved)  # bit for bit: the copy taken before the first merge
         self.active = None
 
     def _merge(self, adapter: LoraAdapter, scale: float) -> None:
         modules = dict(self.model.named_modules())
+        from omni_compile.ops.fp8 import Fp8Linear, quantize_rows
+
         for path, (a, b, alpha_over_rank) in adapter.deltas.items():
-            w = modules[path].weight
+            module = modules[path]
+            w = module.weight
             if path not in self._base:
-                self._base[path] = w.detach().to("cpu", copy=True)
+                self._base[path] = tuple(t.detach().to("cpu", copy=True) for t in _params(module))
             delta = (b.to(w.device) @ a.to(w.device)) * (scale * alpha_over_rank)
-            w.copy_((w.float() + delta).to(w.dtype))
+            if isinstance(module, Fp8Linear):  # dequantize, merge, quantize again with new per-channel scales
+                q, s = quantize_rows(w.float() * module.weight_scale[:, None] + delta)
+                w.copy_(q)
+                module.weight_scale.copy_(s.reshape(-1))
+            else:
+                w.copy_((w.float() + delta).to(w.dtype))
             counters.lora_merges += 1
 
     def describe(self) -> dict:
@@ -184,20 +200,26 @@ class LoraSet:
                 "active": None if self.active is None else {"name": self.active[0], "scale": self.active[1]}}  # fmt: skip
 
 
+def _is_linear(module) -> bool:
+    from omni_compile.ops.fp8 import Fp8Linear
+
+    return type(module) in (nn.Linear, Fp8Linear)
+
+
+def _params(module) -> tuple[torch.Tensor, ...]:
+    """What a merge changes in `module`: the weight, and an fp8 Linear's per-channel scales."""
+    scales = getattr(module, "weight_scale", None)
+    return (module.weight,) if scales is None else (module.weight, scales)
+
+
 def lora_adapters(target) -> LoraSet:
-    """The LoRA set of a pipeline's transformer or of a transformer (created on first use). Refused on a model
-    whose Linears are fp8 (the merge needs the weights in their own dtype)."""
+    """The LoRA set of a pipeline's transformer or of a transformer (created on first use)."""
     model = getattr(target, "transformer", target)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"lora_adapters takes a diffusers pipeline with a transformer, or the transformer; got "
                           f"{type(target).__name__}")  # fmt: skip
     found = getattr(model, "_omni_lora", None)
     if found is None:
-        from omni_compile.ops.fp8 import has_fp8
-
-        if has_fp8(model):
-            raise ConfigError("LoRA on an fp8 model is not supported yet: build or compile it without --precision "
-                              "fp8")  # fmt: skip
         found = model._omni_lora = LoraSet(model)
     return found
 
