@@ -246,7 +246,7 @@ class Engine:
                 _fail(job, RequestError(400, str(e), param="lora"))
             return
         except Exception as e:  # one request's failure (OOM included) must not end the worker
-            logger.exception("a batch of %d image(s) failed", len(chunk))
+            logger.exception("a batch of %d %s failed", len(chunk), "image(s)" if frames is None else "video(s)")
             _free_device_memory(e)
             for job in owners:
                 _fail(job, RequestError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))

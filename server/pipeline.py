@@ -247,7 +247,7 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> ServedPi
         source = f"random {preset} pipeline (seed {seed})"
     else:
         pipeline_type = getattr(diffusers, cls.pipeline_class)
-        pipe = pipeline_type.from_pretrained(root, transformer=transformer, torch_dtype=dtype, local_files_only=True)
+        pipe = pipeline_type.from_pretrained(root, transformer=transformer, dtype=dtype, local_files_only=True)
         pipe = pipe.to(device)
         source = str(root)
     cls.match_build_call(transformer)

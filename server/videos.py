@@ -181,6 +181,7 @@ class VideoJobs:
             self.jobs.clear()
         for video in unfinished:
             video.job.gone = "cancelled"
+            self.metrics.video_job_done("cancelled")
         shutil.rmtree(self.root, ignore_errors=True)
         return unfinished
 
@@ -319,7 +320,13 @@ def add_video_routes(app: FastAPI, config, auth, model_name: str, served) -> Non
         served(request, "text-to-video")
         return request.app.state.videos
 
-    @app.post(VIDEOS, dependencies=[auth], response_model=Video)
+    # the body is read by hand (JSON or a form): its schema for /openapi.json (LoraRef is there through ImageRequest)
+    schema = VideoRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    body_doc = {"requestBody": {"required": True, "content": {kind: {"schema": schema} for kind in (
+        "application/json", "multipart/form-data", "application/x-www-form-urlencoded")}}}  # fmt: skip
+
+    @app.post(VIDEOS, dependencies=[auth], response_model=Video, openapi_extra=body_doc)
     async def create_video(request: Request):
         pipe = served(request, "text-to-video")
         body = await read_video_request(request)

@@ -535,3 +535,71 @@ def test_job_store_expiry_and_disk_bound(tmp_path):
                                    "expired", "expired", "expired"]  # fmt: skip
     root = store.root
     assert store.close() == [] and not root.exists()
+
+
+class FakeVideoPipeline(FakePipeline):
+    """A text-to-video stand-in: one bucket of 32x32 with 5 frames; its "MP4" is the bytes of (prompt, seed)."""
+
+    task = "text-to-video"
+    fps = 16
+    default_guidance = 5.0
+
+    def __init__(self):
+        super().__init__(buckets=((32, 32, 1, 5),))
+
+    def frames(self, height, width):
+        return sorted({b.frames for b in self.buckets if (b.height, b.width) == (height, width)})
+
+    def duration(self, frames):
+        return (frames - 1) / self.fps
+
+    def batch_sizes(self, height, width, frames=None):
+        return [1]
+
+
+def _wait_status(port, video_id, status):
+    for _ in range(200):
+        got = _get(port, f"/v1/videos/{video_id}")[1]
+        if got["status"] == status:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"{video_id} never {status}: {got}")
+
+
+def test_video_job_failures_and_shutdown(tmp_path):
+    """A video job whose generation fails, or that passes its deadline, is `failed` with a code and message (its
+    content a 409); the jobs' frames reach the pipeline; at shutdown the unfinished jobs are cancelled and the job
+    directory is removed."""
+    pipe = FakeVideoPipeline()
+    config = ServeConfig(artifact="/nowhere/fake", warmup_steps=1, timeout_s=0.5, video_dir=str(tmp_path))
+    app = build_app(config, loader=lambda cfg: pipe)
+
+    def post(body):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/videos", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    with _serving(app) as port:
+        root = app.state.videos.root
+        assert root.parent == tmp_path and root.is_dir()
+        done = _wait_status(port, post({"prompt": "a cat", "seed": 4})["id"], "completed")
+        assert (done["num_frames"], done["seconds"], done["guidance_scale"]) == (5, "0.25", 5.0)
+        assert pipe.step_cache_args[-1] == {"frames": 5} and (root / f"{done['id']}.mp4").read_bytes() == b"a cat|4"
+        pipe.fail = RuntimeError("boom")
+        failed = _wait_status(port, post({"prompt": "a cat"})["id"], "failed")
+        assert failed["error"] == {"code": "generation_failed", "message": "generation failed: RuntimeError: boom"}
+        status, body = _get(port, f"/v1/videos/{failed['id']}/content")
+        assert status == 409 and body["error"]["code"] == "video_failed"
+        pipe.gate.clear()  # the next job blocks in its first step until its deadline has passed
+        late = post({"prompt": "a cat", "num_inference_steps": 3})
+        time.sleep(0.6)
+        pipe.gate.set()
+        late = _wait_status(port, late["id"], "failed")
+        assert late["error"]["code"] == "deadline_exceeded" and "--timeout" in late["error"]["message"]
+        pipe.gate.clear()
+        waiting = post({"prompt": "a cat", "num_inference_steps": 3})
+        assert _get(port, f"/v1/videos/{waiting['id']}")[1]["status"] in ("queued", "in_progress")
+        threading.Timer(0.3, pipe.gate.set).start()  # let the worker reach its step boundary during the shutdown
+    assert not root.exists()
+    assert app.state.metrics.count("video_jobs", "cancelled") == 1 and app.state.metrics.count("videos") == 1
