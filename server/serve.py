@@ -164,6 +164,8 @@ def run_serve(args, console) -> int:
     # the manifest read, the platform compared and the sha256s checked once: the load takes the result
     checked = check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)
     task = task_class(checked[0], config.artifact)  # a family no task runs is refused here
+    if config.step_cache and not task.supports_step_cache:
+        raise ConfigError(f"--step-cache: not available for {task.task} yet; serve without it")
     # a missing or mismatched pipeline directory is reported before anything loads
     pipeline_dir(config, checked[0].model.source, task.pipeline_class)
     if config.weights:

@@ -287,6 +287,8 @@ def test_wan_pipeline_directory(wan_artifact, tmp_path):
     flux = tmp_path / "flux-pipe"
     flux.mkdir()
     (flux / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    with pytest.raises(omni_compile.ConfigError, match="--step-cache: not available for text-to-video yet"):
+        load_pipeline(ServeConfig(artifact=str(wan_artifact), step_cache="schedule:0.5"))
     with pytest.raises(omni_compile.ConfigError, match="holds a FluxPipeline; this artifact's model runs in a "
                        "WanPipeline: pass --pipeline with a WanPipeline directory"):  # fmt: skip
         load_pipeline(ServeConfig(artifact=str(wan_artifact), pipeline=str(flux)))
