@@ -72,8 +72,9 @@ class VideoJob:
         return "in_progress" if self.job.started else "queued"
 
     def progress(self) -> int:
-        if self.finished:
-            return 100 if self.failure is None else min(99, 100 * self.job.steps_done // self.job.steps)
+        """Steps done over steps in percent; 100 only once the MP4 is written."""
+        if self.finished and self.failure is None:
+            return 100
         return min(99, 100 * self.job.steps_done // self.job.steps)
 
     def describe(self, ttl_s: float) -> Video:
