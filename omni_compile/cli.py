@@ -147,7 +147,8 @@ def _serve_parsers(sub) -> None:
     """`serve` and `pipeline` (docs/serving.md); the options live with the server."""
     from omni_compile.server.serve import add_pipeline_arguments, add_serve_arguments
 
-    add_serve_arguments(sub.add_parser("serve", help="serve an artifact over HTTP (OpenAI images API, docs/serving.md)"))
+    add_serve_arguments(sub.add_parser("serve", help="serve an artifact over HTTP (OpenAI images API for FLUX, videos "
+                                       "API for Wan; docs/serving.md)"))
     add_pipeline_arguments(sub.add_parser("pipeline", help="write a preset's whole random diffusers pipeline to a directory"))
 
 

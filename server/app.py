@@ -27,6 +27,7 @@ from omni_compile.server.engine import Engine, Job, split_batch, usable_batch_si
 from omni_compile.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from omni_compile.server.schemas import (ImageData, ImageRequest, ImageResponse, LoraLoad, RequestError,
                                          StepCacheReport, lora_setting, step_cache_setting, validate)  # fmt: skip
+from omni_compile.server.videos import VIDEOS, VideoJobs, add_video_routes
 
 logger = logging.getLogger("omni_compile.server")
 GENERATIONS = "/v1/images/generations"
@@ -53,11 +54,19 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         logger.info("pipeline loaded in %.2f s (%s): %s", app.state.load_seconds, pipe.source, pipe.seconds)
         engine = Engine(pipe, metrics, max_queue=config.max_queue, max_batch=config.max_batch,
                         warmup=lambda: _warmup(pipe, config))  # fmt: skip
-        app.state.pipe, app.state.engine, app.state.started = pipe, engine, time.time()
+        videos = None
+        if _task(pipe) == "text-to-video":
+            videos = VideoJobs(config.video_dir, max_jobs=config.max_video_jobs, ttl_s=config.video_ttl_s,
+                               max_bytes=config.video_max_bytes, timeout_s=config.timeout_s, metrics=metrics)  # fmt: skip
+            logger.info("video jobs are written under %s", videos.root)
+        app.state.pipe, app.state.engine, app.state.videos, app.state.started = pipe, engine, videos, time.time()
         engine.start()
         try:
             yield
         finally:
+            if videos is not None:  # nobody could fetch them after the exit: cancel, so that the drain is short
+                for video in videos.close():
+                    engine.forget(video.job)
             await asyncio.to_thread(engine.stop)
 
     # No docs pages (a browser cannot send the Bearer key); /openapi.json is a route below, behind the key.
@@ -86,20 +95,37 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
 
     @app.get("/v1/models", dependencies=[auth])
     async def models(request: Request):
-        pipe = request.app.state.pipe
-        return {"object": "list", "data": [{
+        pipe = served(request)
+        entry = {
             "id": model_name, "object": "model", "owned_by": "omni-compile", "created": int(request.app.state.started),
-            "sizes": pipe.sizes, "batch_sizes": {s: pipe.batch_sizes(*_hw(s)) for s in pipe.sizes},
+            "task": _task(pipe), "sizes": pipe.sizes,
             "max_sequence_length": pipe.text_len, "compiled": pipe.compiled, "pipeline": pipe.source,
             "startup_seconds": {**pipe.seconds, "load_total": request.app.state.load_seconds,
                                 "warmup": request.app.state.engine.warmup_seconds},
-        }]}  # fmt: skip
+        }  # fmt: skip
+        if _task(pipe) == "text-to-video":
+            entry["frames"] = {s: pipe.frames(*_hw(s)) for s in pipe.sizes}
+            entry["batch_sizes"] = {f"{s}x{f}": pipe.batch_sizes(*_hw(s), f) for s in pipe.sizes
+                                    for f in pipe.frames(*_hw(s))}  # fmt: skip
+            entry["fps"] = pipe.fps
+        else:
+            entry["batch_sizes"] = {s: pipe.batch_sizes(*_hw(s)) for s in pipe.sizes}
+        return {"object": "list", "data": [entry]}
 
-    def loaded_loras(request: Request):
+    def served(request: Request, task: str | None = None):
+        """The loaded pipeline (503 while it loads); 400 when it does not run `task`."""
         pipe = getattr(request.app.state, "pipe", None)
         if pipe is None:
             raise RequestError(503, "the server is warming up; retry in a few seconds", type="overloaded_error",
                                headers={"Retry-After": "2"})  # fmt: skip
+        if task is not None and _task(pipe) != task:
+            route = VIDEOS if _task(pipe) == "text-to-video" else GENERATIONS
+            raise RequestError(400, f"this server runs {_task(pipe)} ({model_name}), not {task}; use POST {route}",
+                               code="unsupported_task")  # fmt: skip
+        return pipe
+
+    def loaded_loras(request: Request):
+        pipe = served(request)
         if pipe.loras is None:
             raise RequestError(400, "this server's model is fp8, which takes no LoRA yet", param="name")
         return pipe.loras
@@ -138,8 +164,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
 
     @app.post(GENERATIONS, dependencies=[auth], response_model=ImageResponse, response_model_exclude_none=True)
     async def generate(body: ImageRequest, request: Request):
-        state = request.app.state
-        pipe, engine = state.pipe, state.engine
+        pipe, engine = served(request, "text-to-image"), request.app.state.engine
         height, width, steps = validate(
             body, sizes=pipe.sizes, default_size=pipe.sizes[0], max_n=config.max_n, max_steps=config.max_steps,
             default_steps=config.default_steps, model_name=model_name, any_size=not pipe.compiled,
@@ -183,7 +208,12 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
             ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=body.prompt, seed=s) for s, png in images
         ], step_cache=report)  # fmt: skip
 
+    add_video_routes(app, config, auth, model_name, served)
     return app
+
+
+def _task(pipe) -> str:
+    return getattr(pipe, "task", "text-to-image")
 
 
 def _abandon(future: asyncio.Future) -> None:
@@ -198,8 +228,11 @@ def _hw(size: str) -> tuple[int, int]:
 
 def _warmup(pipe, config: ServeConfig) -> None:
     """One small run per bucket and batch size (on CUDA this also captures the bucket's CUDA graph)."""
+    guidance = getattr(pipe, "default_guidance", 3.5)
     for b in pipe.buckets:
-        pipe.run(["warm up"] * b.batch, list(range(b.batch)), b.height, b.width, max(config.warmup_steps, 1), 3.5)
+        video = {} if getattr(b, "frames", None) is None else {"frames": b.frames}
+        pipe.run(["warm up"] * b.batch, list(range(b.batch)), b.height, b.width, max(config.warmup_steps, 1), guidance,
+                 **video)  # fmt: skip
 
 
 def _require_key(api_key: str | None):
@@ -245,8 +278,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(404)
     async def not_found(request: Request, e):
-        return _error(404, f"no route {request.method} {request.url.path}; see /v1/models and {GENERATIONS}",
-                      "not_found_error")  # fmt: skip
+        return _error(404, f"no route {request.method} {request.url.path}; see /v1/models, {GENERATIONS} and "
+                      f"{VIDEOS}", "not_found_error")  # fmt: skip
 
     @app.exception_handler(405)
     async def wrong_method(request: Request, e):
@@ -259,15 +292,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class _Count:
-    """ASGI middleware: counts and times every answer of POST /v1/images/generations by status (a plain
-    ASGI wrapper, not `BaseHTTPMiddleware`, so that the route still sees a client's disconnect)."""
+    """ASGI middleware: counts and times every answer of POST /v1/images/generations and POST /v1/videos by status
+    (a plain ASGI wrapper, not `BaseHTTPMiddleware`, so that the route still sees a client's disconnect)."""
 
     def __init__(self, app, metrics: Metrics):
         self.app = app
         self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != GENERATIONS:
+        if scope["type"] != "http" or scope["path"] not in (GENERATIONS, VIDEOS) or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = 500

@@ -50,3 +50,15 @@ class ServeConfig:
     loras: dict[str, str] = field(default_factory=dict)
     """LoRA adapters loaded at start, name -> safetensors file (`--lora NAME=PATH`); requests pick one with
     `lora: {"name": NAME, "scale": S}`, and /v1/loras adds and removes them at run time (zero compiles)."""
+    max_video_jobs: int = 16
+    """Video jobs held at most (queued, running and finished ones not yet expired); to make room for a new one the
+    oldest finished job is removed, and when every one is queued or running a new one is answered 429."""
+    video_ttl_s: float = 3600.0
+    """A finished video job (and its MP4) is removed this many seconds after it finished."""
+    video_dir: str | None = None
+    """Where the MP4s are written: a directory the server makes inside this one at start and removes at shutdown
+    (default: inside the system's temporary directory)."""
+    video_max_bytes: int = 1 << 30
+    """The MP4s on disk take at most this many bytes together; the oldest finished jobs are removed to make room."""
+    video_fps: int = 16
+    """Frames a second of the MP4s, and how `seconds` turns into frames: frames = seconds * fps + 1 (Wan 2.1: 16)."""

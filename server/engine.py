@@ -6,8 +6,10 @@
   guidance and step cache setting; their images run in chunks of the artifact's batch sizes for that size (`split_batch`).
   Image i of a request is drawn from its own generator seeded `seed + i`, so its bytes do not depend on
   which other requests it ran with when the batch size is the same.
-- A job whose client went away or whose deadline passed is dropped before it starts, and its chunk stops
-  at the next step boundary when every job in it is gone.
+- A job whose client went away, whose deadline passed or that was cancelled is dropped before it starts, and
+  its chunk stops at the next step boundary when every job in it is gone.
+- A job is images (PNG) or, with `frames`, a video (MP4): the runner's task says which; `steps_done` counts
+  its finished denoising steps (a video job's progress).
 - An error in a chunk (including out-of-memory) fails the jobs in it with 500 and the worker goes on;
   if the worker itself dies, every waiting job fails with 503 and `alive` turns False (/health 503).
 """
@@ -40,15 +42,18 @@ class Job:
     guidance: float
     deadline: float  # time.monotonic() by which the job must be done
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    gone: str | None = None  # "disconnected" or "deadline" once nobody waits for it
+    gone: str | None = None  # "disconnected", "deadline" or "cancelled" once nobody waits for it
     images: dict[int, bytes] = field(default_factory=dict)
     step_cache: str | None = None  # the setting (`schemas.step_cache_setting`); None: the server has none
     computed: list[tuple[int, int]] = field(default_factory=list)  # (calls, computed calls) per chunk it ran in
     lora: tuple[str, float] | None = None  # (name, scale) merged for this job (`schemas.lora_setting`)
+    frames: int | None = None  # a video's frames (None: images)
+    started: bool = False  # the worker has taken it
+    steps_done: int = 0  # denoising steps finished (of its latest chunk)
 
     @property
     def key(self) -> tuple:
-        return (self.height, self.width, self.steps, float(self.guidance), self.step_cache, self.lora)
+        return (self.height, self.width, self.steps, float(self.guidance), self.step_cache, self.lora, self.frames)
 
     def stopped(self) -> bool:
         if self.gone is None and time.monotonic() > self.deadline:
@@ -71,9 +76,10 @@ def split_batch(n: int, sizes: list[int]) -> list[int] | None:
     return None if best[n] is None else sorted(best[n], reverse=True)
 
 
-def usable_batch_sizes(runner, height: int, width: int, max_batch: int) -> list[int]:
-    """The compiled batch sizes at this size up to `max_batch`; the smallest one when none is that small."""
-    sizes = runner.batch_sizes(height, width)
+def usable_batch_sizes(runner, height: int, width: int, max_batch: int, frames: int | None = None) -> list[int]:
+    """The compiled batch sizes at this size (and frames, for a video) up to `max_batch`; the smallest one when
+    none is that small."""
+    sizes = runner.batch_sizes(height, width) if frames is None else runner.batch_sizes(height, width, frames)
     return [b for b in sizes if b <= max_batch] or sizes[:1]
 
 
@@ -124,7 +130,8 @@ class Engine:
         return job.future
 
     def forget(self, job: Job) -> None:
-        """The caller stopped waiting (`job.gone` set): take the job out of the queue if it is still there."""
+        """The caller stopped waiting (`job.gone` set): take the job out of the queue if it is still there; a running
+        one stops at its chunk's next step boundary once every job of the chunk is gone."""
         with self.cv:
             if job in self.queue:
                 self.queue.remove(job)
@@ -188,10 +195,11 @@ class Engine:
             if job.stopped():
                 self._drop(job)
             else:
+                job.started = True
                 live.append(job)
         images = [(job, i) for job in live for i in range(job.n)]
-        height, width, steps, guidance, step_cache, lora = jobs[0].key
-        chunks = split_batch(len(images), usable_batch_sizes(self.runner, height, width, self.max_batch))
+        height, width, steps, guidance, step_cache, lora, frames = jobs[0].key
+        chunks = split_batch(len(images), usable_batch_sizes(self.runner, height, width, self.max_batch, frames))
         assert chunks is not None, "each job's n was checked to be a sum of the usable batch sizes"
         start = 0
         for size in chunks:
@@ -199,7 +207,7 @@ class Engine:
             start += size
             if all(job.stopped() for job, _ in chunk):
                 continue
-            self._run_chunk(chunk, height, width, steps, guidance, step_cache, lora)
+            self._run_chunk(chunk, height, width, steps, guidance, step_cache, lora, frames)
         for job in live:
             if job.stopped() and not job.future.done():
                 self._drop(job)
@@ -207,7 +215,7 @@ class Engine:
             self.current = []
 
     def _run_chunk(self, chunk: list[tuple[Job, int]], height, width, steps, guidance, step_cache=None,
-                   lora=None) -> None:  # fmt: skip
+                   lora=None, frames=None) -> None:  # fmt: skip
         owners = {id(j): j for j, _ in chunk}.values()
         last = [time.perf_counter()]
         path = "compiled" if self.runner.compiled else "fallback"
@@ -216,12 +224,16 @@ class Engine:
             now = time.perf_counter()
             self.metrics.step_done(now - last[0], path)
             last[0] = now
+            for j in owners:
+                j.steps_done = i + 1
             if all(j.stopped() for j in owners) and i + 1 < steps:
                 raise _Stop()
 
         cached = {} if step_cache is None else {"step_cache": step_cache}
         if lora is not None:
             cached["lora"] = lora
+        if frames is not None:
+            cached["frames"] = frames
         try:
             pngs = self.runner.run([j.prompt for j, _ in chunk], [j.seed + i for j, i in chunk], height, width,
                                    steps, guidance, on_step, **cached)  # fmt: skip
@@ -234,12 +246,12 @@ class Engine:
                 _fail(job, RequestError(400, str(e), param="lora"))
             return
         except Exception as e:  # one request's failure (OOM included) must not end the worker
-            logger.exception("a batch of %d image(s) failed", len(chunk))
+            logger.exception("a batch of %d %s failed", len(chunk), "image(s)" if frames is None else "video(s)")
             _free_device_memory(e)
             for job in owners:
                 _fail(job, RequestError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error"))
             return
-        self.metrics.batch_done(len(chunk))
+        self.metrics.batch_done(len(chunk), "images" if frames is None else "videos")
         if step_cache is not None:
             calls = getattr(self.runner, "last_calls", None)  # (calls, computed) of this run
             if calls is not None:

@@ -22,17 +22,22 @@ class Metrics:
         # no `*_created` series beside every counter and histogram: they only repeat the process start here
         prometheus_client.disable_created_metrics()
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(f"{_P}_requests", "Image generation requests by HTTP status.", ["status"], registry=r)
+        self.requests = Counter(f"{_P}_requests", "Generation requests (POST /v1/images/generations, POST "
+                                "/v1/videos) by HTTP status.", ["status"], registry=r)  # fmt: skip
         for status in STATUSES:  # the usual ones are shown from the start, at 0
             self.requests.labels(status)
-        self.latency = Histogram(f"{_P}_request_seconds", "Image generation request latency (received to answered).",
-                                 buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.latency = Histogram(f"{_P}_request_seconds", "Generation request latency (received to answered; for a "
+                                 "video, to the job's creation).", buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.queue_depth = Gauge(f"{_P}_queue_depth", "Requests waiting for the worker.", registry=r)
         self.step = Histogram(f"{_P}_step_seconds", "Time of one denoising step (transformer call and scheduler).",
                               buckets=STEP_BUCKETS, registry=r)  # fmt: skip
         self.steps = Counter(f"{_P}_transformer_steps", "Denoising steps by path: compiled (the artifact's files) or "
                              "fallback (JIT compile).", ["path"], registry=r)  # fmt: skip
         self.images = Counter(f"{_P}_images", "Images generated.", registry=r)
+        self.videos = Counter(f"{_P}_videos", "Videos generated.", registry=r)
+        self.video_jobs = Counter(f"{_P}_video_jobs", "Video jobs by how they ended: completed, failed, cancelled "
+                                  "(deleted before it finished), expired (--video-ttl) or evicted (the oldest finished "
+                                  "ones, to make room).", ["status"], registry=r)  # fmt: skip
         self.batches = Counter(f"{_P}_batches", "Batches the worker ran.", registry=r)
         self.dropped = Counter(f"{_P}_dropped", "Requests stopped before their last step, by reason.", ["reason"],
                                registry=r)  # fmt: skip
@@ -41,8 +46,10 @@ class Metrics:
                                     registry=r)  # fmt: skip
         self.ready = Gauge(f"{_P}_ready", "1 once the pipeline is loaded and warm.", registry=r)
         self.worker_alive = Gauge(f"{_P}_worker_alive", "1 while the worker thread runs.", registry=r)
-        for counter, labels in ((self.steps, ("compiled", "fallback")), (self.dropped, ("disconnected", "deadline")),
-                                (self.cached_calls, ("computed", "skipped"))):  # fmt: skip
+        for counter, labels in ((self.steps, ("compiled", "fallback")),
+                                (self.dropped, ("disconnected", "deadline", "cancelled")),
+                                (self.cached_calls, ("computed", "skipped")),
+                                (self.video_jobs, ("completed", "failed", "cancelled", "expired", "evicted"))):  # fmt: skip
             for label in labels:
                 counter.labels(label)
 
@@ -54,9 +61,12 @@ class Metrics:
         self.step.observe(seconds)
         self.steps.labels(path).inc()
 
-    def batch_done(self, images: int) -> None:
+    def batch_done(self, outputs: int, kind: str = "images") -> None:
         self.batches.inc()
-        self.images.inc(images)
+        (self.images if kind == "images" else self.videos).inc(outputs)
+
+    def video_job_done(self, status: str) -> None:
+        self.video_jobs.labels(status).inc()
 
     def step_cache_done(self, calls: int, computed: int) -> None:
         self.cached_calls.labels("computed").inc(computed)
@@ -68,7 +78,8 @@ class Metrics:
     def count(self, name: str, label: str | None = None) -> int:
         """A counter's value: `count("images")`, `count("dropped", "disconnected")` (its one label's value)."""
         counter = {"requests": self.requests, "transformer_steps": self.steps, "images": self.images,
-                   "batches": self.batches, "dropped": self.dropped, "step_cache_calls": self.cached_calls}[name]  # fmt: skip
+                   "batches": self.batches, "dropped": self.dropped, "step_cache_calls": self.cached_calls,
+                   "videos": self.videos, "video_jobs": self.video_jobs}[name]  # fmt: skip
         labels = {counter._labelnames[0]: label} if label is not None else None
         value = self.registry.get_sample_value(f"{_P}_{name}_total", labels)
         return int(value or 0)

@@ -1,5 +1,6 @@
-"""Request and response bodies (OpenAI images API plus our extensions), and the checks that need the
-loaded model (sizes, prompt length). Types are checked by pydantic (422); values by `validate` (400)."""
+"""Request and response bodies (OpenAI images and videos APIs plus our extensions), and the checks that need the
+loaded model (sizes, prompt length). Types are checked by pydantic (422); values by `validate` and
+`videos.validate_video` (400)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,66 @@ class ImageRequest(BaseModel):
     lora: LoraRef | None = None  # a LoRA the server has loaded, merged for this request (zero compiles)
 
 
+class VideoRequest(BaseModel):
+    """POST /v1/videos, as JSON or as OpenAI's client sends it (multipart/form-data, every value a string): a JSON
+    body is validated strictly, a form's numbers are read from their text. Unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str
+    model: str | None = None
+    size: str | None = Field(None, description="WIDTHxHEIGHT, one of /v1/models' sizes (default: the first)")
+    seconds: str | int | float | None = Field(None, description="clip length; frames = seconds * fps + 1")
+    seed: int | None = Field(None, description="extension: the generator's seed (default: random)")
+    num_inference_steps: int | None = Field(None, description="extension: denoising steps")
+    guidance_scale: float | int | None = Field(None, description="extension: classifier-free guidance (Wan: 5)")
+    num_frames: int | None = Field(None, description="extension: frames (instead of seconds), one served at the size")
+    lora: LoraRef | None = Field(None, description="extension (JSON bodies): a loaded LoRA merged for this job")
+    input_reference: object | None = Field(None, description="image-to-video: not supported (400)")
+
+
+class VideoError(BaseModel):
+    code: str
+    message: str
+
+
+class Video(BaseModel):
+    """A video job, as OpenAI's video object, plus our extensions (seed, num_frames, fps, steps)."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed"]
+    progress: int = Field(description="0-100: denoising steps done over steps; 100 once the MP4 is written")
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = Field(None, description="when a finished job and its MP4 are removed (--video-ttl)")
+    size: str
+    seconds: str
+    prompt: str
+    error: VideoError | None = None
+    seed: int
+    num_frames: int
+    fps: int
+    num_inference_steps: int
+    steps_done: int
+    guidance_scale: float
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Video]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True
+
+
 class LoraLoad(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: StrictStr
@@ -57,7 +118,7 @@ class ImageResponse(BaseModel):
 class ErrorBody(BaseModel):
     message: str
     type: Literal["invalid_request_error", "authentication_error", "server_error", "overloaded_error",
-                  "timeout_error", "not_found_error"]  # fmt: skip
+                  "timeout_error", "not_found_error", "conflict_error"]  # fmt: skip
     param: str | None = None
     code: str | None = None
 
@@ -118,29 +179,32 @@ def lora_setting(req: ImageRequest, loras) -> tuple[str, float] | None:
     return req.lora.name, scale
 
 
-def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: int, max_steps: int,
-             default_steps: int, model_name: str, any_size: bool) -> tuple[int, int, int]:  # fmt: skip
-    """The request's (height, width, steps) after the value checks; raises RequestError (400)."""
+def check_model(req, model_name: str) -> None:
     if req.model is not None and req.model != model_name:
         raise RequestError(400, f"model {req.model!r} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")  # fmt: skip
-    if req.response_format != "b64_json":
-        raise RequestError(400, f"response_format {req.response_format!r} is not supported: images are returned "
-                           "inline only; use 'b64_json'", param="response_format")  # fmt: skip
+
+
+def check_common(req, *, max_steps: int, default_steps: int, seed_room: int) -> int:
+    """The checks an image and a video request share (prompt, steps, guidance, seed); the steps. A seed leaves
+    room for `seed_room` more outputs (seed + i); raises RequestError (400)."""
     if not req.prompt.strip():
         raise RequestError(400, "prompt is empty", param="prompt")
-    if not 1 <= req.n <= max_n:
-        raise RequestError(400, f"n must be between 1 and {max_n}, got {req.n}", param="n")
     steps = default_steps if req.num_inference_steps is None else req.num_inference_steps
     if not 1 <= steps <= max_steps:
         raise RequestError(400, f"num_inference_steps must be between 1 and {max_steps}, got {steps}",
                            param="num_inference_steps")  # fmt: skip
-    if not 0.0 <= float(req.guidance_scale) <= 100.0:
+    if req.guidance_scale is not None and not 0.0 <= float(req.guidance_scale) <= 100.0:
         raise RequestError(400, f"guidance_scale must be between 0 and 100, got {req.guidance_scale}",
                            param="guidance_scale")  # fmt: skip
-    if req.seed is not None and not 0 <= req.seed < 2**63 - max_n:
-        raise RequestError(400, f"seed must be between 0 and 2**63 - {max_n + 1}, got {req.seed}", param="seed")
-    size = req.size or default_size
+    if req.seed is not None and not 0 <= req.seed < 2**63 - seed_room:
+        raise RequestError(400, f"seed must be between 0 and 2**63 - {seed_room + 1}, got {req.seed}", param="seed")
+    return steps
+
+
+def check_size(size: str, sizes: list[str], any_size: bool) -> tuple[int, int]:
+    """`size` (WIDTHxHEIGHT) as (height, width) when served (any multiple of 16 from 16 to 4096 with `any_size`);
+    raises RequestError (400)."""
     height, width = parse_size(size)
     if f"{width}x{height}" not in sizes and not any_size:
         raise RequestError(400, f"size {size!r} is not served: the artifact was compiled for "
@@ -149,4 +213,18 @@ def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: i
     if any_size and (height % 16 or width % 16 or not 16 <= height <= 4096 or not 16 <= width <= 4096):
         raise RequestError(400, f"size {size!r}: width and height must be multiples of 16 between 16 and 4096",
                            param="size")  # fmt: skip
+    return height, width
+
+
+def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: int, max_steps: int,
+             default_steps: int, model_name: str, any_size: bool) -> tuple[int, int, int]:  # fmt: skip
+    """The request's (height, width, steps) after the value checks; raises RequestError (400)."""
+    check_model(req, model_name)
+    if req.response_format != "b64_json":
+        raise RequestError(400, f"response_format {req.response_format!r} is not supported: images are returned "
+                           "inline only; use 'b64_json'", param="response_format")  # fmt: skip
+    if not 1 <= req.n <= max_n:
+        raise RequestError(400, f"n must be between 1 and {max_n}, got {req.n}", param="n")
+    steps = check_common(req, max_steps=max_steps, default_steps=default_steps, seed_room=max_n)
+    height, width = check_size(req.size or default_size, sizes, any_size)
     return height, width, steps

@@ -23,8 +23,9 @@ from omni_compile.errors import ConfigError
 
 def add_serve_arguments(p) -> None:
     p.add_argument("artifact", nargs="?", default="out/flux-tiny",
-                   help="an artifact directory written by `omni-compile build` (a FLUX model; default out/flux-tiny, "
-                   "what a bare `omni-compile build` writes)")
+                   help="an artifact directory written by `omni-compile build`: a FLUX model is served as text-to-image "
+                   "(/v1/images/generations), a Wan model as text-to-video (/v1/videos); default out/flux-tiny, "
+                   "what a bare `omni-compile build` writes")
     p.add_argument("--pipeline", metavar="DIR", help="diffusers pipeline directory for the text encoders, tokenizers, "
                    "VAE and scheduler (default: the one the artifact was built from; a preset's random one)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -55,11 +56,22 @@ def add_serve_arguments(p) -> None:
                    help="load a LoRA (diffusers/PEFT or kohya safetensors) at start; repeatable. Requests pick one with "
                    "\"lora\": {\"name\": NAME, \"scale\": S}; POST /v1/loras and DELETE /v1/loras/NAME change them "
                    "at run time. Merged into the weights per batch: zero compiles")  # fmt: skip
+    p.add_argument("--max-video-jobs", type=int, default=16, help="text-to-video: jobs held at most (queued, running "
+                   "and finished); a new one replaces the oldest finished one, and is refused with 429 when all are "
+                   "unfinished (default 16)")
+    p.add_argument("--video-ttl", type=float, default=3600.0, help="text-to-video: seconds a finished job and its MP4 "
+                   "are kept (default 3600)")
+    p.add_argument("--video-dir", metavar="DIR", help="text-to-video: where the MP4s are written (a directory made in "
+                   "DIR at start, removed at exit; default: in the system's temporary directory)")
+    p.add_argument("--video-max-bytes", type=int, default=1 << 30, help="text-to-video: the MP4s on disk together at "
+                   "most; the oldest finished jobs are removed to make room (default 1 GiB)")
+    p.add_argument("--video-fps", type=int, default=16, help="text-to-video: frames a second of the MP4s; a request's "
+                   "seconds are seconds * fps + 1 frames (default 16, Wan 2.1's)")
     p.add_argument("--log-level", default="info", help="uvicorn's log level (default info)")
 
 
 def add_pipeline_arguments(p) -> None:
-    p.add_argument("preset", help="flux-tiny or flux-dev")
+    p.add_argument("preset", help="flux-tiny, flux-dev, wan-tiny or wan-1.3b")
     p.add_argument("--out", required=True, help="directory to write (model_index.json, transformer/, text_encoder/, ...)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0, as `build`'s)")
     p.add_argument("--dtype", default="fp32", help="bf16, fp16 or fp32 (default fp32)")
@@ -70,7 +82,9 @@ def serve_config(args):
 
     positive = {"--max-queue": args.max_queue, "--max-batch": args.max_batch, "--max-n": args.max_n,
                 "--max-steps": args.max_steps, "--default-steps": args.default_steps, "--timeout": args.timeout,
-                "--max-body-bytes": args.max_body_bytes}  # fmt: skip
+                "--max-body-bytes": args.max_body_bytes, "--max-video-jobs": args.max_video_jobs,
+                "--video-ttl": args.video_ttl, "--video-max-bytes": args.video_max_bytes,
+                "--video-fps": args.video_fps}  # fmt: skip
     for flag, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{flag} must be positive, got {value}")
@@ -99,7 +113,9 @@ def serve_config(args):
                        max_steps=args.max_steps, default_steps=args.default_steps, timeout_s=args.timeout,
                        max_body_bytes=args.max_body_bytes, jit_fallback=args.jit_fallback,
                        warmup_steps=args.warmup_steps, model_name=args.model_name,
-                       step_cache=args.step_cache, loras=loras, weights=args.weights)  # fmt: skip
+                       step_cache=args.step_cache, loras=loras, weights=args.weights,
+                       max_video_jobs=args.max_video_jobs, video_ttl_s=args.video_ttl, video_dir=args.video_dir,
+                       video_max_bytes=args.video_max_bytes, video_fps=args.video_fps)  # fmt: skip
 
 
 def check_port(host: str, port: int) -> None:
@@ -143,17 +159,21 @@ def run_serve(args, console) -> int:
 
     from omni_compile.artifact.loader import check
     from omni_compile.server.app import build_app
-    from omni_compile.server.pipeline import check_family, load_pipeline, pipeline_dir
+    from omni_compile.server.pipeline import load_pipeline, pipeline_dir, task_class
 
     # the manifest read, the platform compared and the sha256s checked once: the load takes the result
     checked = check(config.artifact, device=config.device, jit_fallback=config.jit_fallback)
-    check_family(checked[0], config.artifact)
-    pipeline_dir(config, checked[0].model.source)  # a missing pipeline directory is reported before anything loads
+    task = task_class(checked[0], config.artifact)  # a family no task runs is refused here
+    if config.step_cache and not task.supports_step_cache:
+        raise ConfigError(f"--step-cache: not available for {task.task} yet; serve without it")
+    # a missing or mismatched pipeline directory is reported before anything loads
+    pipeline_dir(config, checked[0].model.source, task.pipeline_class)
     if config.weights:
         from omni_compile.server.pipeline import weights_dir
 
         weights_dir(config.weights)
-    console.print(f"serving {config.artifact} on http://{args.host}:{args.port} (loading; /health is 503 until warm)")
+    console.print(f"serving {config.artifact} ({task.task}) on http://{args.host}:{args.port} (loading; /health is "
+                  "503 until warm)")  # fmt: skip
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
     app = build_app(config, loader=functools.partial(load_pipeline, checked=checked))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
@@ -180,11 +200,13 @@ def run_serve(args, console) -> int:
 
 def run_pipeline_command(args, console) -> int:
     from omni_compile.config import parse_dtype
-    from omni_compile.models.flux_pipeline import PARTS, save_pipeline
+    from omni_compile.models import flux_pipeline, wan_pipeline
 
-    if args.preset not in PARTS:
-        raise ConfigError(f"no pipeline for {args.preset!r}; choose one of {', '.join(PARTS)}")
-    out = save_pipeline(args.preset, args.out, seed=args.seed, dtype=parse_dtype(args.dtype))
+    module = next((m for m in (flux_pipeline, wan_pipeline) if args.preset in m.PARTS), None)
+    if module is None:
+        raise ConfigError(f"no pipeline for {args.preset!r}; choose one of "
+                          f"{', '.join([*flux_pipeline.PARTS, *wan_pipeline.PARTS])}")  # fmt: skip
+    out = module.save_pipeline(args.preset, args.out, seed=args.seed, dtype=parse_dtype(args.dtype))
     console.print(f"wrote {out} ({args.preset} pipeline, random weights seed {args.seed}); build it with "
                   f"`omni-compile build {out}` and serve the artifact")  # fmt: skip
     return 0

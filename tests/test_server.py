@@ -166,6 +166,22 @@ def test_models_health_auth(server_a):
     assert status == 401
 
 
+def test_openai_client_images(server_a):
+    """The official `openai` client against the server: images.generate with b64_json draws the bytes of the same
+    request sent as plain JSON; our errors reach it as its typed exceptions, with code and param."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server_a.port}/v1", api_key=KEY, max_retries=0)
+    out = client.images.generate(model="flux-tiny", prompt="a red cat", size="64x64", response_format="b64_json",
+                                 extra_body={"seed": 7, "num_inference_steps": 3})  # fmt: skip
+    status, ref = gen(server_a.port, seed=7, num_inference_steps=3)
+    assert status == 200 and [d.b64_json for d in out.data] == [ref["data"][0]["b64_json"]]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.images.generate(prompt="a red cat", size="128x128")
+    assert (info.value.code, info.value.param) == ("unsupported_size", "size")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0).images.generate(prompt="a red cat")
+
+
 def test_concurrent_requests(server_a):
     before = server_a.metric('omni_serve_requests_total{status="200"}', AUTH)
     results = [None] * 32

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import http.client
 import json
@@ -357,10 +358,10 @@ def test_prompt_check_leaves_the_pipelines_tokenizers_alone():
     import torch
 
     from omni_compile.models.flux_pipeline import make_tokenizer
-    from omni_compile.server.pipeline import LoadedPipeline
+    from omni_compile.server.text_to_image import ImagePipeline
 
     pipe = types.SimpleNamespace(tokenizer=make_tokenizer(77), tokenizer_2=make_tokenizer(8))
-    loaded = LoadedPipeline(pipe=pipe, manifest={}, device=torch.device("cpu"), text_len=8, buckets=[], compiled=True,
+    loaded = ImagePipeline(pipe=pipe, manifest={}, device=torch.device("cpu"), text_len=8, buckets=[], compiled=True,
                             source="test")  # fmt: skip
     # what FluxPipeline's T5 call leaves set on its tokenizer
     ids = pipe.tokenizer_2(["a red cat"], padding="max_length", max_length=8, truncation=True).input_ids
@@ -448,7 +449,8 @@ def test_metrics_exposition_parses():
                                                                            worker_alive=False))}  # fmt: skip
     assert set(families) == {f"omni_serve_{n}" for n in ("requests", "request_seconds", "queue_depth", "step_seconds",
                                                           "transformer_steps", "images", "batches", "dropped",
-                                                          "step_cache_calls", "ready", "worker_alive")}  # fmt: skip
+                                                          "step_cache_calls", "ready", "worker_alive", "videos",
+                                                          "video_jobs")}  # fmt: skip
     values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert values[("omni_serve_requests_total", (("status", "200"),))] == 1
     assert values[("omni_serve_requests_total", (("status", "429"),))] == 0
@@ -471,3 +473,133 @@ def test_serve_lora_flags(tmp_path):
                            (["--lora", f"a={tmp_path / 'none'}"], "no file")):  # fmt: skip
         with pytest.raises(ConfigError, match=re.escape(message)):
             serve_config(_parser().parse_args(["serve", "art", *flags]))
+
+
+class _Metrics:
+    def __init__(self):
+        self.ended: list[str] = []
+
+    def video_job_done(self, status):
+        self.ended.append(status)
+
+
+def _job_store(tmp_path, **kw):
+    from omni_compile.server.videos import VideoJobs
+
+    kw = {"max_jobs": 8, "ttl_s": 600.0, "max_bytes": 100, "timeout_s": 60.0, **kw}
+    return VideoJobs(str(tmp_path), metrics=_Metrics(), **kw)
+
+
+def _finished(store, name: str, mp4: bytes | None = None, error: Exception | None = None):
+    """A job reserved in `store` and ended with `mp4` (or `error`), as the engine's future would end it."""
+    from omni_compile.server.engine import Job
+    from omni_compile.server.videos import VideoJob
+
+    job = Job(prompt="a cat", n=1, seed=0, height=32, width=32, steps=2, guidance=5.0, deadline=time.monotonic() + 60,
+              frames=5)  # fmt: skip
+    video = VideoJob(id=name, job=job, model="m", seconds="0.25", fps=16, created_at=int(time.time()))
+    store.reserve(video)
+    future = concurrent.futures.Future()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result([(0, mp4)])
+    store.finish(video, future)
+    return video
+
+
+def test_job_store_expiry_and_disk_bound(tmp_path):
+    from omni_compile.server.schemas import RequestError
+
+    store = _job_store(tmp_path, ttl_s=0.3)
+    a = _finished(store, "a", b"x" * 40)
+    b = _finished(store, "b", b"y" * 40)
+    assert a.path.read_bytes() == b"x" * 40 and store.content("b") == b"y" * 40
+    c = _finished(store, "c", b"z" * 40)  # 120 bytes > 100: the oldest finished one goes first
+    assert not a.path and sorted(p.name for p in store.root.iterdir()) == ["b.mp4", "c.mp4"]
+    with pytest.raises(RequestError, match="no video job 'a'"):
+        store.get("a")
+    big = _finished(store, "big", b"w" * 101)
+    assert big.status() == "failed" and big.failure.code == "generation_failed"
+    assert "is 101 bytes, more than --video-max-bytes 100" in big.failure.message
+    with pytest.raises(RequestError, match="failed .*it has no content") as info:
+        store.content("big")
+    assert info.value.status == 409
+    failed = _finished(store, "oom", error=RequestError(500, "generation failed: OutOfMemoryError: CUDA"))
+    assert failed.failure.model_dump() == {"code": "generation_failed",
+                                           "message": "generation failed: OutOfMemoryError: CUDA"}  # fmt: skip
+    time.sleep(0.35)  # past --video-ttl: every finished job and its file go at the next call
+    assert store.listing(None, 20, "desc") == ([], False)
+    assert list(store.root.iterdir()) == [] and b.path is None and c.path is None
+    assert store.metrics.ended == ["completed", "completed", "evicted", "completed", "failed", "failed", "expired",
+                                   "expired", "expired", "expired"]  # fmt: skip
+    root = store.root
+    assert store.close() == [] and not root.exists()
+
+
+class FakeVideoPipeline(FakePipeline):
+    """A text-to-video stand-in: one bucket of 32x32 with 5 frames; its "MP4" is the bytes of (prompt, seed)."""
+
+    task = "text-to-video"
+    fps = 16
+    default_guidance = 5.0
+
+    def __init__(self):
+        super().__init__(buckets=((32, 32, 1, 5),))
+
+    def frames(self, height, width):
+        return sorted({b.frames for b in self.buckets if (b.height, b.width) == (height, width)})
+
+    def duration(self, frames):
+        return (frames - 1) / self.fps
+
+    def batch_sizes(self, height, width, frames=None):
+        return [1]
+
+
+def _wait_status(port, video_id, status):
+    for _ in range(200):
+        got = _get(port, f"/v1/videos/{video_id}")[1]
+        if got["status"] == status:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"{video_id} never {status}: {got}")
+
+
+def test_video_job_failures_and_shutdown(tmp_path):
+    """A video job whose generation fails, or that passes its deadline, is `failed` with a code and message (its
+    content a 409); the jobs' frames reach the pipeline; at shutdown the unfinished jobs are cancelled and the job
+    directory is removed."""
+    pipe = FakeVideoPipeline()
+    config = ServeConfig(artifact="/nowhere/fake", warmup_steps=1, timeout_s=0.5, video_dir=str(tmp_path))
+    app = build_app(config, loader=lambda cfg: pipe)
+
+    def post(body):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/videos", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    with _serving(app) as port:
+        root = app.state.videos.root
+        assert root.parent == tmp_path and root.is_dir()
+        done = _wait_status(port, post({"prompt": "a cat", "seed": 4})["id"], "completed")
+        assert (done["num_frames"], done["seconds"], done["guidance_scale"]) == (5, "0.25", 5.0)
+        assert pipe.step_cache_args[-1] == {"frames": 5} and (root / f"{done['id']}.mp4").read_bytes() == b"a cat|4"
+        pipe.fail = RuntimeError("boom")
+        failed = _wait_status(port, post({"prompt": "a cat"})["id"], "failed")
+        assert failed["error"] == {"code": "generation_failed", "message": "generation failed: RuntimeError: boom"}
+        status, body = _get(port, f"/v1/videos/{failed['id']}/content")
+        assert status == 409 and body["error"]["code"] == "video_failed"
+        pipe.gate.clear()  # the next job blocks in its first step until its deadline has passed
+        late = post({"prompt": "a cat", "num_inference_steps": 3})
+        time.sleep(0.6)
+        pipe.gate.set()
+        late = _wait_status(port, late["id"], "failed")
+        assert late["error"]["code"] == "deadline_exceeded" and "--timeout" in late["error"]["message"]
+        pipe.gate.clear()
+        waiting = post({"prompt": "a cat", "num_inference_steps": 3})
+        assert _get(port, f"/v1/videos/{waiting['id']}")[1]["status"] in ("queued", "in_progress")
+        threading.Timer(0.3, pipe.gate.set).start()  # let the worker reach its step boundary during the shutdown
+    assert not root.exists()
+    assert app.state.metrics.count("video_jobs", "cancelled") == 1 and app.state.metrics.count("videos") == 1
