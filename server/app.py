@@ -127,7 +127,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
     def loaded_loras(request: Request):
         pipe = served(request)
         if pipe.loras is None:
-            raise RequestError(400, "this server's model is fp8, which takes no LoRA yet", param="name")
+            raise RequestError(400, "this server's model takes no LoRA", param="name")
         return pipe.loras
 
     @app.get("/v1/loras", dependencies=[auth])

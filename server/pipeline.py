@@ -59,7 +59,7 @@ class ServedPipeline:
     source: str  # where the text encoders, VAE and scheduler came from
     seconds: dict[str, float] = field(default_factory=dict)
     step_cache: Any = None  # omni_compile.runtime.step_cache.StepCache when served with --step-cache
-    loras: Any = None  # omni_compile.runtime.lora.LoraSet of the transformer (None: an fp8 model, no LoRA)
+    loras: Any = None  # omni_compile.runtime.lora.LoraSet of the transformer (None: a pipeline without one)
     last_calls: tuple[int, int] | None = None
 
     def __post_init__(self):
@@ -125,7 +125,7 @@ class ServedPipeline:
         `frames`: a video's frame count."""
         gens = [torch.Generator(self.device).manual_seed(s) for s in seeds]
         if self.loras is None and lora is not None:
-            raise omni_compile.ConfigError("this server's model takes no LoRA (fp8)")
+            raise omni_compile.ConfigError("this server's model takes no LoRA")
         # only this thread runs the transformer: the weights switch here, and an unload waits for the call
         applied = self.loras.applied(*(lora or (None,))) if self.loras is not None else contextlib.nullcontext()
         cache = self.step_cache
@@ -264,17 +264,11 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> ServedPi
         from omni_compile.runtime.step_cache import enable_step_cache
 
         cache = enable_step_cache(pipe, config.step_cache)
-    loras = None
-    from omni_compile.ops.fp8 import has_fp8
+    from omni_compile.runtime.lora import lora_adapters
 
-    if not has_fp8(transformer):
-        from omni_compile.runtime.lora import lora_adapters
-
-        loras = lora_adapters(transformer)
-        for name, path in config.loras.items():
-            loras.load(name, path)
-    elif config.loras:
-        raise omni_compile.ConfigError("--lora: the artifact's model is fp8, which takes no LoRA yet")
+    loras = lora_adapters(transformer)  # bf16 or fp8 Linears alike
+    for name, path in config.loras.items():
+        loras.load(name, path)
     served = cls(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=text_len, buckets=buckets,
                  compiled=artifact_info is not None, source=source, seconds=seconds, step_cache=cache, loras=loras)
     served.configure(config)

@@ -9,13 +9,12 @@ import hashlib
 
 import pytest
 import torch
+from conftest import rel_l2
+from omni_compile.models import resolve_model
 
 import omni_compile
 from omni_compile.config import ShapeBucket
 from omni_compile.errors import ConfigError
-from omni_compile.models import resolve_model
-
-from conftest import rel_l2
 
 TARGETS = ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_out.0", "transformer_blocks.1.ff.net.2",
            "single_transformer_blocks.0.proj_out"]  # fmt: skip

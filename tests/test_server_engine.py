@@ -30,7 +30,7 @@ class FakePipeline:
     text_len = 8
     source = "fake"
     seconds: dict = {}
-    loras = None  # no LoRA set (as an fp8 model's)
+    loras = None  # no LoRA set
 
     def __init__(self, buckets=((64, 64, 1),)):
         self.buckets = [Bucket(*b) for b in buckets]
