@@ -51,7 +51,9 @@ class WanAdapter(ModelAdapter):
                 dtype=dtype,
                 device=device,
             ),
-            "timestep": torch.full((bucket.batch,), 500.0, dtype=dtype, device=device),
+            # fp32 whatever the model's dtype, as WanPipeline's schedulers give it (UniPC's integer steps are exact
+            # in fp32; in bf16 999 would round to 1000)
+            "timestep": torch.full((bucket.batch,), 500.0, dtype=torch.float32, device=device),
             "encoder_hidden_states": randn(g, bucket.batch, t, cfg.text_dim, dtype=dtype, device=device),
             "return_dict": False,
         }

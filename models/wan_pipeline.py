@@ -78,17 +78,17 @@ def random_pipeline(preset: str, transformer, *, text_len: int, dtype: torch.dty
 def _timestep_as_built(module, args, kwargs):
     t = kwargs.get("timestep")
     if isinstance(t, torch.Tensor) and not t.is_floating_point():
-        kwargs["timestep"] = t.to(module.dtype)
+        kwargs["timestep"] = t.to(torch.float32)
     return args, kwargs
 
 
 def match_build_call(transformer) -> None:
     """Make `WanPipeline`'s transformer call match the one the artifact was built from.
 
-    Wan's UniPC scheduler gives integer (int64) timesteps; the build's example inputs give the timestep in the
-    model's dtype, and the compiled `condition_embedder` is looked up by dtype. A forward pre-hook casts an integer
-    timestep to the model's dtype: exact in fp32; in bf16 a timestep above 256 rounds to 8 significant bits
-    (999 -> 1000), as at build time. A floating-point timestep is left alone.
+    Wan's UniPC scheduler gives integer (int64) timesteps; the build's example inputs give an fp32 timestep (what
+    the flow-matching schedulers give), and the compiled `condition_embedder` is looked up by dtype. A forward
+    pre-hook casts an integer timestep to fp32, exactly (the eager pipeline's embedding upcasts it the same way).
+    A floating-point timestep is left alone.
     """
     if not getattr(transformer, "_omni_call_hook", False):
         transformer.register_forward_pre_hook(_timestep_as_built, with_kwargs=True)
