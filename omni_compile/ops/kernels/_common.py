@@ -107,6 +107,15 @@ def cast_fp8(x, DTYPE: tl.constexpr, EMULATE_RTNE: tl.constexpr):
 
 
 @triton.jit
+def e4m3_rows(y, mask, DTYPE: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """(rows of fp32 `y` in the e4m3 DTYPE, fp32 scales): one scale per row, max|row| / 448 (at least 1e-12 / 448),
+    the quotient saturated at ±448; masked elements count as 0. `omni_compile.ops.quant_rows`'s contract."""
+    scale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), 1e-12) / 448.0
+    q = tl.minimum(tl.maximum(y / scale[:, None], -448.0), 448.0)
+    return cast_fp8(q, DTYPE, EMULATE_RTNE), scale
+
+
+@triton.jit
 def row_offsets(rows, n1, n2, s0, s1, s2, LEAD: tl.constexpr):
     """int64 element offsets of flat row indices `rows` in a [n0, n1, n2] grid of rows with strides s0..s2.
 
@@ -207,6 +216,7 @@ __all__ = [
     "collapse",
     "device_reason",
     "dtype_reason",
+    "e4m3_rows",
     "first",
     "launcher",
     "lead_args",

@@ -23,10 +23,10 @@ from omni_compile.ops.kernels._common import (
     PLATFORMS,
     bcast_reason,
     bcast_stride,
-    cast_fp8,
     cast_to,
     device_reason,
     dtype_reason,
+    e4m3_rows,
     first,
     launcher,
     next_pow2,
@@ -102,9 +102,8 @@ def _adaln_kernel(
     out_off = rows.to(tl.int64)[:, None] * D + cols[None, :]
     if QUANT:
         y = round_to(y, x_ptr.dtype.element_ty, EMULATE_RTNE)  # the adaln output quant_rows would read
-        qscale = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), 1e-12) / 448.0
-        q = tl.minimum(tl.maximum(y / qscale[:, None], -448.0), 448.0)
-        tl.store(q_ptr + out_off, cast_fp8(q, q_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)
+        q, qscale = e4m3_rows(y, mask, q_ptr.dtype.element_ty, EMULATE_RTNE)
+        tl.store(q_ptr + out_off, q, mask=mask)
         tl.store(qs_ptr + rows.to(tl.int64), qscale, mask=rows < n_rows)
     else:
         tl.store(out_ptr + out_off, cast_to(y, out_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)

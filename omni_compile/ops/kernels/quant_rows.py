@@ -18,9 +18,9 @@ import triton.language as tl
 from omni_compile.ops.kernels._common import (
     EMULATE_RTNE,
     PLATFORMS,
-    cast_fp8,
     collapse,
     dtype_reason,
+    e4m3_rows,
     first,
     launcher,
     lead_args,
@@ -67,15 +67,13 @@ def _quant_rows_kernel(
         y = 0.5 * y * (2.0 - 2.0 / (tl.exp(tl.minimum(2.0 * u, 80.0)) + 1.0))  # tanh(u) saturates long before
     if ACT != 0:
         y = round_to(y, x_ptr.dtype.element_ty, EMULATE_RTNE)
-    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1)
-    scale = tl.maximum(amax, 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(y / scale[:, None], -448.0), 448.0)
+    q, scale = e4m3_rows(y, mask, q_ptr.dtype.element_ty, EMULATE_RTNE)
     out_off = rows.to(tl.int64)[:, None] * K + cols[None, :]
-    tl.store(q_ptr + out_off, cast_fp8(q, q_ptr.dtype.element_ty, EMULATE_RTNE), mask=mask)
+    tl.store(q_ptr + out_off, q, mask=mask)
     tl.store(s_ptr + rows.to(tl.int64), scale, mask=rows < n_rows)
 
 
-assert FP8_MAX == 448.0 and TINY == 1e-12, "the kernel's constants follow omni_compile.ops.quant_rows"
+assert FP8_MAX == 448.0 and TINY == 1e-12, "e4m3_rows' constants follow omni_compile.ops.quant_rows"
 
 
 def supports(x, act) -> str | None:
