@@ -19,6 +19,9 @@ parent prints one table:
   stock     eager step latency, then diffusers' `compile_repeated_blocks(fullgraph=True)`: first call
             (compile included) and step latency per workload
   omni      `omni_compile.compile(model)` (JIT, our passes): first call and step latency per workload
+  build-dynamic, dynamic
+            as build and artifact for `build --dynamic RANGE` (--dynamic; the workloads' sizes must lie in the
+            range): one file per region with symbolic sequence lengths, against the static files of `build`
 
 Step latency: median/min/max over --steps calls after --warmup (CUDA events on a GPU). Every output is
 compared (relative L2) with the eager output of the same weights and inputs in the same process.
@@ -40,7 +43,7 @@ from e2e import WORKLOADS as E2E_WORKLOADS
 from e2e import _rel_l2, measure, summary
 
 WORKLOADS = dict(E2E_WORKLOADS, **{"W4-flux-64": ("flux-tiny", "64x64", "fp32", "cpu")})
-MODES = ("build", "artifact", "stock", "omni")
+MODES = ("build", "artifact", "stock", "omni", "build-dynamic", "dynamic")
 
 
 def _setup(workloads: list[str], seed: int):
@@ -115,7 +118,7 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
             run("omni", w)
         state = omni_compile.compile_state(model)
         res["attention"] = {r.region: r.attention for r in state.records}
-    elif mode == "artifact":
+    elif mode in ("artifact", "dynamic"):
         # Nothing has run on the device yet but the model's creation: the load and first step are cold,
         # as in a server that has just read its weights. The eager references come last.
         before = _compilations()
@@ -129,12 +132,12 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
         installed = loaded._omni_artifact
         graphs = installed.cuda_graphs
         for w in workloads:
-            run("artifact+graphs" if graphs is not None else "artifact", w)
+            run(f"{mode}+graphs" if graphs is not None else mode, w)
         if graphs is not None:
             res["cuda_graphs"] = dict(graphs.stats, graphs=graphs.graphs)
             loaded.__dict__.pop("forward")  # the same packages, called from Python each step
             for w in workloads:
-                run("artifact-nographs", w)
+                run(f"{mode}-nographs", w)
         res["compilations"] = _compilations() - before
         res["compiled_calls"] = installed.stats.get("compiled_calls", 0)
         res["packages"] = installed.stats["packages"]
@@ -150,11 +153,11 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
     return res
 
 
-def build(workloads: list[str], art: Path, env: dict, timeout: int) -> dict:
+def build(workloads: list[str], art: Path, env: dict, timeout: int, dynamic: str | None = None) -> dict:
     preset, _, dtype_s, device = WORKLOADS[workloads[0]]
     shapes = ",".join(WORKLOADS[w][1] for w in workloads)
     base = [sys.executable, "-P", "-m", "omni_compile.cli", "build", preset, "--shapes", shapes, "--dtype", dtype_s,
-            "--device", device, "--out", str(art), "--force"]  # fmt: skip
+            "--device", device, "--out", str(art), "--force"] + (["--dynamic", dynamic] if dynamic else [])  # fmt: skip
     attempts = []
     for extra in ([], ["--kernels", "*=native"]):
         t0 = time.perf_counter()
@@ -184,7 +187,7 @@ def build(workloads: list[str], art: Path, env: dict, timeout: int) -> dict:
             break
         attempt["stderr_tail"] = err[-4000:]
         print(err[-4000:], file=sys.stderr)
-    return {"mode": "build", "attempts": attempts, "ok": attempts[-1]["rc"] == 0, "kernels": "default"
+    return {"mode": "build-dynamic" if dynamic else "build", "attempts": attempts, "ok": attempts[-1]["rc"] == 0, "kernels": "default"
             if len(attempts) == 1 else "*=native"}  # fmt: skip
 
 
@@ -196,6 +199,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--art", help="artifact directory (default: a temporary one); kept after the run")
+    ap.add_argument("--dynamic", metavar="LOW-HIGH[:STEP]", default="768-1280:64",
+                    help="the range of the build-dynamic and dynamic modes (default 768-1280:64)")
     ap.add_argument("--build-timeout", type=int, default=1800, help="seconds per build attempt")
     ap.add_argument("--json", help="write all results here (after every mode)")
     ap.add_argument("--child", metavar="MODE", help=argparse.SUPPRESS)
@@ -209,8 +214,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="omni-artifact-bench-"))
     art = Path(args.art) if args.art else work / "art"
 
+    art_dynamic = art.with_name(art.name + "-dynamic")
     if args.child:
-        res = run_child(args.child, workloads, art, args.steps, args.warmup, args.seed)
+        res = run_child(args.child, workloads, art_dynamic if args.child == "dynamic" else art, args.steps,
+                        args.warmup, args.seed)  # fmt: skip
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
@@ -222,6 +229,8 @@ def main() -> int:
         t0 = time.perf_counter()
         if mode == "build":
             res = build(workloads, art, env, args.build_timeout)
+        elif mode == "build-dynamic":
+            res = build(workloads, art_dynamic, env, args.build_timeout, args.dynamic)
         else:
             cmd = [sys.executable, __file__, "--workloads", args.workloads, "--steps", str(args.steps), "--warmup",
                    str(args.warmup), "--seed", str(args.seed), "--art", str(art), "--child", mode]  # fmt: skip
@@ -251,7 +260,8 @@ def print_table(workloads: list[str], results: list[dict]) -> None:
           f"{'rel L2 vs eager':>15}")  # fmt: skip
     for w in workloads:
         stock = rows.get(w, {}).get("stock", {}).get("step_ms", {}).get("median")
-        for label in ("eager", "stock", "omni", "artifact+graphs", "artifact", "artifact-nographs"):
+        for label in ("eager", "stock", "omni", "artifact+graphs", "artifact", "artifact-nographs", "dynamic+graphs",
+                      "dynamic", "dynamic-nographs"):  # fmt: skip
             v = rows.get(w, {}).get(label)
             if v is None:
                 continue
@@ -260,12 +270,12 @@ def print_table(workloads: list[str], results: list[dict]) -> None:
             span = f"{s['median']:9.2f} [{s['min']:.2f}-{s['max']:.2f}]"
             print(f"{w:<11} {label:<18} {span:<28} {ratio:>8} {v['first_call_s']:>12.2f} {v['rel_l2_vs_eager']:>15.2e}")
     for r in results:
-        if r["mode"] == "build":
+        if r["mode"] in ("build", "build-dynamic"):
             last = r["attempts"][-1]
             extra = f", {last['files']} files, {last['bytes'] / 2**20:.1f} MiB, timing {last['timing']}" if r["ok"] else ""
-            print(f"build: {'ok' if r['ok'] else 'FAILED'} (kernels {r['kernels']}) in {last['process_s']}s{extra}")
-        elif r["mode"] == "artifact" and "load_s" in r:
-            print(f"artifact: model created in {r['init_s']}s (apart); load {r['load_s']}s + first step "
+            print(f"{r['mode']}: {'ok' if r['ok'] else 'FAILED'} (kernels {r['kernels']}) in {last['process_s']}s{extra}")
+        elif r["mode"] in ("artifact", "dynamic") and "load_s" in r:
+            print(f"{r['mode']}: model created in {r['init_s']}s (apart); load {r['load_s']}s + first step "
                   f"{r['first_step_s']}s = ready {r['ready_s']}s (load: {r.get('load_breakdown_s')}); compilations {r['compilations']}; "
                   f"packages {r['packages']}; cuda graphs {r.get('cuda_graphs', 'off')}")  # fmt: skip
         elif "error" in r:

@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
         "--shapes",
         help="comma-separated buckets HxW[xFRAMES][@BATCH], e.g. 1024x1024,512x512@2 (default: the preset's)",
     )
+    b.add_argument(
+        "--dynamic",
+        metavar="LOW-HIGH[:STEP]",
+        help="serve every height and width from LOW to HIGH pixels in steps of STEP (default 64), e.g. 512-1536:64, "
+        "from regions compiled once with symbolic sequence lengths (--shapes then sets frames and batch)",
+    )
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: the preset's)")
     b.add_argument("--device", help="cuda, cpu or xpu (default: the preset's, else cuda when available)")
     b.add_argument("--out", help="output directory (default: out/MODEL)")
@@ -183,6 +189,7 @@ def _cmd_build(args, console) -> int:
         parity=args.parity,
         force=args.force,
         mode=args.mode,
+        dynamic=args.dynamic,
     )
     log = (lambda *a, **k: None) if args.quiet else console.print
 

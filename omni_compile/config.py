@@ -86,6 +86,58 @@ class ShapeBucket:
         return s + (f"@{self.batch}" if self.batch != 1 else "")
 
 
+_RANGE_RE = re.compile(r"^(\d+)-(\d+)(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class DynamicRange:
+    """`build --dynamic LO-HI[:STEP]`: every height and width from LO to HI pixels in steps of STEP (default 64),
+    served by regions compiled once with symbolic sequence lengths instead of one file per bucket."""
+
+    low: int
+    high: int
+    step: int = 64
+
+    @classmethod
+    def parse(cls, text: str) -> DynamicRange:
+        m = _RANGE_RE.match(text.strip())
+        if not m:
+            raise ConfigError(f"malformed --dynamic {text!r}: expected LOW-HIGH[:STEP] in pixels, e.g. 512-1536:64")
+        low, high, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 64)
+        if low <= 0 or step <= 0:
+            raise ConfigError(f"--dynamic {text!r}: sizes and the step must be positive")
+        if high - low < step or (high - low) % step:
+            raise ConfigError(f"--dynamic {text!r}: HIGH - LOW must be a positive multiple of STEP ({step}); "
+                              f"e.g. {low}-{low + 4 * step}:{step}")  # fmt: skip
+        return cls(low, high, step)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> DynamicRange | None:
+        return None if not data else cls(int(data["min"]), int(data["max"]), int(data["step"]))
+
+    def to_json(self) -> dict[str, int]:
+        return {"min": self.low, "max": self.high, "step": self.step}
+
+    def contains(self, height: int, width: int) -> bool:
+        return all(self.low <= v <= self.high and (v - self.low) % self.step == 0 for v in (height, width))
+
+    def probes(self, frames: int | None = None, batch: int = 1) -> list[ShapeBucket]:
+        """The two sizes a build records to find which dimensions vary: the range's ends, height and width one
+        step apart (so that no two sizes of the call are equal by chance)."""
+        lo, hi = self.low, self.high
+        return [ShapeBucket(lo, lo + self.step, frames, batch), ShapeBucket(hi, hi - self.step, frames, batch)]
+
+    def middle(self, frames: int | None = None, batch: int = 1) -> ShapeBucket:
+        """A size between the probes, checked after the build: it must run through the compiled files."""
+        n = (self.high - self.low) // self.step
+        h = self.low + (n // 2) * self.step
+        w = h + self.step if h + self.step <= self.high else h - self.step
+        return ShapeBucket(h, w, frames, batch)
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high}:{self.step}"
+
+
 def _field_docs(cls) -> dict[str, str]:
     return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
 

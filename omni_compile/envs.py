@@ -35,3 +35,16 @@ def fp8_any_device() -> bool:
     """OMNI_COMPILE_FP8_ANY_DEVICE=1: the fp8 weight transform runs on any device (for tests: torch's CPU
     `_scaled_mm` runs the same arithmetic, slowly); otherwise it needs a CUDA GPU of compute capability 8.9+."""
     return os.environ.get("OMNI_COMPILE_FP8_ANY_DEVICE") == "1"
+
+
+def cuda_graphs_max() -> int:
+    """OMNI_COMPILE_CUDA_GRAPHS_MAX: CUDA graphs kept per model at once (default 8; the least recently used is dropped
+    for a new size). A `--dynamic` artifact serves many sizes, and each graph keeps its outputs in the pool."""
+    value = os.environ.get("OMNI_COMPILE_CUDA_GRAPHS_MAX") or "8"
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"OMNI_COMPILE_CUDA_GRAPHS_MAX must be a positive integer, got {value!r}") from None
+    if n < 1:
+        raise ValueError(f"OMNI_COMPILE_CUDA_GRAPHS_MAX must be a positive integer, got {value!r}")
+    return n

@@ -37,7 +37,7 @@ from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_f
 from omni_compile.attention.backends.base import seqused_attention
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
-from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source
+from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source, size_hint
 from omni_compile.passes.lower_fused_ops import fake_trace, functional_trace, record_resolution, splice_body
 from omni_compile.platform import Platform
 
@@ -107,8 +107,9 @@ def _scalar(node) -> float | None:
     return None
 
 
-def _non_singleton(shape) -> list[int]:
-    return [int(d) for d in shape if d != 1]
+def _non_singleton(shape) -> list:
+    # sizes as they are: int() of a symbolic size (a --dynamic build) would specialize it
+    return [d for d in shape if d != 1]
 
 
 def _keeps_keys(node: torch.fx.Node) -> bool:
@@ -138,7 +139,7 @@ def _key_padding(mask: torch.fx.Node, q, k) -> tuple[torch.fx.Node, bool] | None
     b, skv = q.shape[0], k.shape[2]
 
     def row_mask_shape(shape) -> bool:
-        shape = [int(d) for d in shape]
+        shape = list(shape)
         if len(shape) not in (2, 3, 4) or shape[-1] != skv or shape[0] not in (1, b):
             return False
         return all(d == 1 for d in shape[1:-1])
@@ -286,12 +287,12 @@ class AttentionPass(OmniPass):
         qv, kv_, vv = (t.meta["val"] for t in (q, k, v))
         call = AttentionCall(
             dtype=qv.dtype,
-            head_dim=int(qv.shape[-1]),
-            q_len=int(qv.shape[2]),
-            kv_len=int(kv_.shape[2]),
+            head_dim=size_hint(qv.shape[-1]),
+            q_len=size_hint(qv.shape[2]),
+            kv_len=size_hint(kv_.shape[2]),
             mask=mask_kind,
-            batch=int(qv.shape[0]),
-            heads=int(qv.shape[1]),
+            batch=size_hint(qv.shape[0]),
+            heads=size_hint(qv.shape[1]),
         )
         if qv.shape[1] != kv_.shape[1] or vv.shape[-1] != qv.shape[-1]:
             why = "grouped-query attention or a different value head size: left to torch"

@@ -39,12 +39,31 @@ def _source(obj: Any) -> str:
 
 
 def _trace_like_post_grad(fn, args, **kwargs):
-    """fwd_only, then the view -> reshape rewrite Inductor applies before post-grad passes run."""
+    """fwd_only, then the view -> reshape rewrite Inductor applies before post-grad passes run.
+
+    The match check re-traces a search function on the matched tensors; a function that cannot run on them (a
+    chain of another rank that the pattern, its literals ignored, matched: symbolic sizes ignore more of
+    them) is no match. torch counts only a RuntimeError as such, so the others are raised as one."""
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-    gm = fwd_only(fn, args, **kwargs)
+    try:
+        gm = fwd_only(fn, args, **kwargs)
+    except (ValueError, IndexError, TypeError) as e:
+        raise RuntimeError(f"the search function does not run on the matched tensors: {e}") from e
     view_to_reshape(gm)
     return gm
+
+
+def size_hint(d) -> int:
+    """A size as an int without specializing it: a symbolic size (a `--dynamic` build's sequence length) gives the
+    example's value, for choices that need a number (a backend's shape class, a block size), never for shapes
+    the graph computes with. `int(d)` on a SymInt would guard on that value and compile for it alone."""
+    if isinstance(d, torch.SymInt):
+        hint = d.node.hint
+        if hint is None:
+            raise ValueError(f"size {d} has no example value")
+        return int(hint)
+    return int(d)
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ aten = torch.ops.aten
 RESHAPES = (aten.reshape.default, aten.view.default)
 
 
-def split_gemm(widths: list[int], rows: int, parts: list[torch.Tensor], wt: torch.Tensor, bias: torch.Tensor | None):
-    """sum_i parts_i @ wt[rows of part i] (+ bias): the parts flattened to [rows, K_i], one `linear_parts`."""
-    xs = [part.reshape(rows, k) for part, k in zip(parts, widths)]
+def split_gemm(widths: list[int], parts: list[torch.Tensor], wt: torch.Tensor, bias: torch.Tensor | None):
+    """sum_i parts_i @ wt[rows of part i] (+ bias): the parts flattened to [rows, K_i], one `linear_parts`
+    (rows as -1: a symbolic row count stays symbolic)."""
+    xs = [part.reshape(-1, k) for part, k in zip(parts, widths)]
     return torch.ops.omni_compile.linear_parts(xs, wt, bias)
 
 
@@ -67,15 +68,14 @@ class CatGemmPass(OmniPass):
         ndim = cat.meta["val"].dim()
         if dim % ndim != ndim - 1 or len(parts) < 2 or not all(isinstance(p, torch.fx.Node) for p in parts):
             return 0
-        widths = [int(p.meta["val"].shape[-1]) for p in parts]
-        rows = int(x.meta["val"].shape[0])
+        widths = [int(p.meta["val"].shape[-1]) for p in parts]  # channels: static
         if any(k == 0 for k in widths) or sum(widths) != int(wt.meta["val"].shape[0]):
             return 0
         n = len(parts)
         bound = {f"p{i}": p for i, p in enumerate(parts)} | {"wt": wt, "bias": bias}
 
         def impl(wt, bias, **ps):
-            return split_gemm(widths, rows, [ps[f"p{i}"] for i in range(n)], wt, bias)
+            return split_gemm(widths, [ps[f"p{i}"] for i in range(n)], wt, bias)
 
         splice_body(node, bound, impl)
         return 1

@@ -25,6 +25,7 @@ from omni_compile.attention.config import AttentionConfig
 from omni_compile.config import CompileConfig
 from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
+from omni_compile.graphs.symbolic import sizes_from_inputs
 from omni_compile.passes.base import OmniPass, PassContext
 from omni_compile.ops.registry import parse_kernel_choices
 from omni_compile.passes.adaln import AdaLNPass
@@ -154,6 +155,13 @@ class PassManager(CustomGraphPass):
         # What runs here: the switched-on passes that apply to this platform (gemm_gelu, cat_gemm: GPUs).
         self.enabled = [p.name for p in self.passes]
 
+    def __deepcopy__(self, memo):
+        # Inductor deep-copies its config for an ahead-of-time compile, this pass included. A copy of our patterns
+        # would hold a copy of the pattern matcher's MULTIPLE, which torch tests by identity: every pattern node
+        # that allows several users (Wan's rotary scatter) would then match nothing. The manager holds no state a
+        # compile changes (the match log is a context variable), so the copy is the manager itself.
+        return self
+
     def prepare(self) -> None:
         """Trace the pattern passes' patterns now, outside any compile (they are deferred so that a
         build that compiles nothing never traces them); call before handing the manager to Inductor."""
@@ -177,6 +185,7 @@ class PassManager(CustomGraphPass):
             if log.dump_dir is not None:
                 _dump(log.dump_dir / f"{i}.{p.name}.before.py", graph)
             t0 = time.perf_counter()
+            sizes_from_inputs(graph)  # symbolic sizes (--dynamic): read from the inputs, not the tensors patterns match
             result = p.run(graph)
             graph.eliminate_dead_code()
             seconds = time.perf_counter() - t0

@@ -103,6 +103,8 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
             "startup_seconds": {**pipe.seconds, "load_total": request.app.state.load_seconds,
                                 "warmup": request.app.state.engine.warmup_seconds},
         }  # fmt: skip
+        if pipe.dynamic is not None:  # besides the sizes: every width and height of the range
+            entry["dynamic"] = pipe.dynamic.to_json()
         if _task(pipe) == "text-to-video":
             entry["frames"] = {s: pipe.frames(*_hw(s)) for s in pipe.sizes}
             entry["batch_sizes"] = {f"{s}x{f}": pipe.batch_sizes(*_hw(s), f) for s in pipe.sizes
@@ -168,6 +170,7 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
         height, width, steps = validate(
             body, sizes=pipe.sizes, default_size=pipe.sizes[0], max_n=config.max_n, max_steps=config.max_steps,
             default_steps=config.default_steps, model_name=model_name, any_size=not pipe.compiled,
+            dynamic=pipe.dynamic,
         )
         step_cache = step_cache_setting(body, config.step_cache)
         lora = lora_setting(body, pipe.loras)

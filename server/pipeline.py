@@ -60,6 +60,7 @@ class ServedPipeline:
     seconds: dict[str, float] = field(default_factory=dict)
     step_cache: Any = None  # omni_compile.runtime.step_cache.StepCache when served with --step-cache
     loras: Any = None  # omni_compile.runtime.lora.LoraSet of the transformer (None: a pipeline without one)
+    dynamic: Any = None  # omni_compile.config.DynamicRange of a `build --dynamic` artifact: sizes served besides buckets
     last_calls: tuple[int, int] | None = None
 
     def __post_init__(self):
@@ -98,12 +99,20 @@ class ServedPipeline:
         """Served sizes as OpenAI writes them, WIDTHxHEIGHT, in the manifest's order."""
         return list(dict.fromkeys(f"{b.width}x{b.height}" for b in self.buckets))
 
+    def _at(self, height: int, width: int) -> list[Bucket]:
+        """The buckets of this size; for a size of the dynamic range that is no bucket, every bucket (their frame
+        counts and batch sizes are the dimensions the build kept static)."""
+        exact = [b for b in self.buckets if (b.height, b.width) == (height, width)]
+        if not exact and self.dynamic is not None and self.dynamic.contains(height, width):
+            return list(self.buckets)
+        return exact
+
     def frames(self, height: int, width: int) -> list[int]:
         """The frame counts served at this size (video); [] for images."""
-        return sorted({b.frames for b in self.buckets if (b.height, b.width) == (height, width) and b.frames})
+        return sorted({b.frames for b in self._at(height, width) if b.frames})
 
     def batch_sizes(self, height: int, width: int, frames: int | None = None) -> list[int]:
-        sizes = sorted({b.batch for b in self.buckets if (b.height, b.width, b.frames) == (height, width, frames)})
+        sizes = sorted({b.batch for b in self._at(height, width) if b.frames == frames})
         return sizes or [1]  # a size outside the buckets (JIT fallback) runs one at a time
 
     def prompt_error(self, prompt: str) -> str | None:
@@ -270,6 +279,7 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> ServedPi
     for name, path in config.loras.items():
         loras.load(name, path)
     served = cls(pipe=pipe, manifest=manifest, device=torch.device(device), text_len=text_len, buckets=buckets,
-                 compiled=artifact_info is not None, source=source, seconds=seconds, step_cache=cache, loras=loras)
+                 compiled=artifact_info is not None, source=source, seconds=seconds, step_cache=cache, loras=loras,
+                 dynamic=manifest.build.dynamic_range if artifact_info is not None else None)  # fmt: skip
     served.configure(config)
     return served

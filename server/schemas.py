@@ -202,14 +202,18 @@ def check_common(req, *, max_steps: int, default_steps: int, seed_room: int) -> 
     return steps
 
 
-def check_size(size: str, sizes: list[str], any_size: bool) -> tuple[int, int]:
-    """`size` (WIDTHxHEIGHT) as (height, width) when served (any multiple of 16 from 16 to 4096 with `any_size`);
-    raises RequestError (400)."""
+def check_size(size: str, sizes: list[str], any_size: bool, dynamic=None) -> tuple[int, int]:
+    """`size` (WIDTHxHEIGHT) as (height, width) when served (any multiple of 16 from 16 to 4096 with `any_size`;
+    every size of `dynamic`, a `config.DynamicRange`, besides `sizes`); raises RequestError (400)."""
     height, width = parse_size(size)
-    if f"{width}x{height}" not in sizes and not any_size:
+    served = f"{width}x{height}" in sizes or (dynamic is not None and dynamic.contains(height, width))
+    if not served and not any_size:
+        also = (f", and every width and height from {dynamic.low} to {dynamic.high} in steps of {dynamic.step}"
+                if dynamic is not None else "")  # fmt: skip
         raise RequestError(400, f"size {size!r} is not served: the artifact was compiled for "
-                           f"{', '.join(sizes)} (WIDTHxHEIGHT). Ask for one of them, or rebuild the artifact "
-                           "with the size added to --shapes", param="size", code="unsupported_size")  # fmt: skip
+                           f"{', '.join(sizes)} (WIDTHxHEIGHT){also}. Ask for one of them, or rebuild the artifact "
+                           "with the size added to --shapes (or within --dynamic)", param="size",
+                           code="unsupported_size")  # fmt: skip
     if any_size and (height % 16 or width % 16 or not 16 <= height <= 4096 or not 16 <= width <= 4096):
         raise RequestError(400, f"size {size!r}: width and height must be multiples of 16 between 16 and 4096",
                            param="size")  # fmt: skip
@@ -217,7 +221,7 @@ def check_size(size: str, sizes: list[str], any_size: bool) -> tuple[int, int]:
 
 
 def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: int, max_steps: int,
-             default_steps: int, model_name: str, any_size: bool) -> tuple[int, int, int]:  # fmt: skip
+             default_steps: int, model_name: str, any_size: bool, dynamic=None) -> tuple[int, int, int]:  # fmt: skip
     """The request's (height, width, steps) after the value checks; raises RequestError (400)."""
     check_model(req, model_name)
     if req.response_format != "b64_json":
@@ -226,5 +230,5 @@ def validate(req: ImageRequest, *, sizes: list[str], default_size: str, max_n: i
     if not 1 <= req.n <= max_n:
         raise RequestError(400, f"n must be between 1 and {max_n}, got {req.n}", param="n")
     steps = check_common(req, max_steps=max_steps, default_steps=default_steps, seed_room=max_n)
-    height, width = check_size(req.size or default_size, sizes, any_size)
+    height, width = check_size(req.size or default_size, sizes, any_size, dynamic)
     return height, width, steps

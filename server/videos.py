@@ -308,7 +308,8 @@ def validate_video(req: VideoRequest, pipe, *, max_steps: int, default_steps: in
         raise RequestError(400, "input_reference: image-to-video is not served; this server makes videos from the "
                            "prompt alone", param="input_reference")  # fmt: skip
     steps = check_common(req, max_steps=max_steps, default_steps=default_steps, seed_room=1)
-    height, width = check_size(req.size or pipe.sizes[0], pipe.sizes, any_size=not pipe.compiled)
+    height, width = check_size(req.size or pipe.sizes[0], pipe.sizes, any_size=not pipe.compiled,
+                               dynamic=pipe.dynamic)  # fmt: skip
     frames, _ = video_frames(req, pipe, height, width)
     guidance = float(pipe.default_guidance if req.guidance_scale is None else req.guidance_scale)
     return height, width, frames, steps, guidance

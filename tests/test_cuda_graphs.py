@@ -49,7 +49,7 @@ def test_cpu_passes_through():
         out = runner(x)
         assert isinstance(out, tuple) and len(out) == 1
         assert torch.equal(out[0], module(x)[0])
-    assert runner.stats == {"captures": 0, "replays": 0, "eager_calls": 3}
+    assert runner.stats == {"captures": 0, "replays": 0, "eager_calls": 3, "evictions": 0}
     assert runner.graphs == 0 and runner.keys() == []
 
 
@@ -96,8 +96,36 @@ def test_two_buckets_replay_matches_eager_and_outputs_are_cloned():
     for returned, snapshot in outputs:
         assert torch.equal(returned, snapshot)
     assert runner.graphs == 2
-    assert runner.stats == {"captures": 2, "replays": 2, "eager_calls": 0}
+    assert runner.stats == {"captures": 2, "replays": 2, "eager_calls": 0, "evictions": 0}
     assert runner.keys() == ["hidden_states=2x8x64 fp32", "hidden_states=2x16x64 fp32"]
+
+
+@gpu
+@needs_cuda
+def test_max_graphs_drops_the_least_recently_used():
+    torch.manual_seed(0)
+    module = LinearGelu().cuda()
+    runner = CudaGraphForward(module, max_graphs=2)
+    with torch.no_grad():
+        for n in (8, 16, 8, 24, 16):  # 24 drops 16 (8 was replayed since); 16 is captured again, dropping 8
+            x = torch.randn(2, n, 64, device="cuda")
+            torch.testing.assert_close(runner(x)[0], module(x)[0])
+    assert runner.stats == {"captures": 4, "replays": 1, "eager_calls": 0, "evictions": 2}
+    assert runner.keys() == ["hidden_states=2x24x64 fp32", "hidden_states=2x16x64 fp32"]
+
+
+def test_max_graphs_is_checked(monkeypatch):
+    from omni_compile import envs
+
+    with pytest.raises(ValueError, match="max_graphs must be >= 1 or None, got 0"):
+        CudaGraphForward(LinearGelu(), max_graphs=0)
+    monkeypatch.delenv("OMNI_COMPILE_CUDA_GRAPHS_MAX", raising=False)
+    assert envs.cuda_graphs_max() == 8
+    monkeypatch.setenv("OMNI_COMPILE_CUDA_GRAPHS_MAX", "3")
+    assert envs.cuda_graphs_max() == 3
+    monkeypatch.setenv("OMNI_COMPILE_CUDA_GRAPHS_MAX", "lots")
+    with pytest.raises(ValueError, match="OMNI_COMPILE_CUDA_GRAPHS_MAX must be a positive integer, got 'lots'"):
+        envs.cuda_graphs_max()
 
 
 @gpu
@@ -176,7 +204,7 @@ def test_jit_whole_step_graph_per_bucket(preset, shapes, fresh_dynamo, no_induct
                 model.forward = graphed
                 torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
             compiles.append(len(state.records))
-    assert state.cuda_graphs.stats == {"captures": len(shapes), "replays": len(shapes), "eager_calls": 0}
+    assert state.cuda_graphs.stats == {"captures": len(shapes), "replays": len(shapes), "eager_calls": 0, "evictions": 0}
     assert compiles[0] == compiles[1] >= len(shapes) * len(state.regions), compiles  # the second round compiled nothing
     omni_compile.uncompile(model)
     assert "forward" not in model.__dict__

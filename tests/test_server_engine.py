@@ -27,6 +27,7 @@ class FakePipeline:
     """Runs "images" as the bytes of (prompt, seed); can be told to fail, block or die."""
 
     compiled = True
+    dynamic = None  # no --dynamic range: the buckets only
     text_len = 8
     source = "fake"
     seconds: dict = {}

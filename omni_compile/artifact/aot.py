@@ -233,6 +233,7 @@ class CompiledFile:
     resolutions: dict[str, dict]
     attention: dict[str, dict]
     source: str = "compiled"  # or "store": taken from a shared store (omni_compile.cache)
+    dynamic: dict | None = None  # build --dynamic: the file's symbolic dimensions (artifact.dynamic.DynamicSpec)
     cache_key: str | None = None
     pytree: dict[str, str] | None = None  # inductor-standalone: the call's input and output tree specs
     identity: str | None = None  # the graph identity in the cache key: "trace:SHA" (graphs.trace) or "export:SHA"
@@ -240,14 +241,24 @@ class CompiledFile:
     notes: list[str] = field(default_factory=list)  # what Inductor warned about while compiling (CompileNotes)
 
 
-def export_region(module: nn.Module, example: tuple[tuple, dict]):
-    """`module` exported at `example` with its state as an input; returns (program, graph hash)."""
+def export_region(module: nn.Module, example: tuple[tuple, dict], dynamic=None, name: str = ""):
+    """`module` exported at `example` with its state as an input; returns (program, graph hash). `dynamic` (an
+    `artifact.dynamic.DynamicSpec`): the call's dimensions to export as symbolic sizes (`build --dynamic`)."""
     from omni_compile import counters
 
     counters.region_exports += 1
+    state = module_state(module)
+    shapes = None
+    if dynamic is not None:
+        from omni_compile.artifact.dynamic import check_symbolic
+
+        key = call_key(*example)
+        shapes = ({k: None for k in state}, dynamic.export_shapes(key))
     with torch.no_grad():
-        ep = torch.export.export(_Functional(module, example), (module_state(module), tensor_leaves(*example)),
-                                 strict=False)  # fmt: skip
+        ep = torch.export.export(_Functional(module, example), (state, tensor_leaves(*example)), strict=False,
+                                 dynamic_shapes=shapes)  # fmt: skip
+    if dynamic is not None:
+        check_symbolic(ep, dynamic, key, name or type(module).__name__)
     return ep, hashlib.sha256(ep.graph_module.code.encode()).hexdigest()
 
 
@@ -259,16 +270,18 @@ def compile_package(
     label: str,
     exported=None,
     fmt: str = "aoti-package",
+    dynamic=None,
 ) -> CompiledFile:
     """Export `module` at `example` with its state as an input (or take `exported`, the result of
-    `export_region`) and compile it ahead of time into `path` in format `fmt` (see FORMATS)."""
+    `export_region`) and compile it ahead of time into `path` in format `fmt` (see FORMATS). `dynamic`: the
+    symbolic dimensions (`export_region`), which the compiled code keeps symbolic."""
     from omni_compile import counters
     from omni_compile.artifact.manifest import sha256_file
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown compiled-file format {fmt!r}; known: {', '.join(FORMATS)}")
     t0 = time.perf_counter()
-    ep, graph_hash = exported or export_region(module, example)
+    ep, graph_hash = exported or export_region(module, example, dynamic, label)
     pass_manager.prepare()
     log = PassLog(label=label)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +292,8 @@ def compile_package(
                 ep, package_path=str(path), inductor_configs={"post_grad_custom_post_pass": pass_manager}
             )
         else:
-            specs = _standalone(ep, (module_state(module), tensor_leaves(*example)), path, pass_manager)
+            specs = _standalone(ep, (module_state(module), tensor_leaves(*example)), path, pass_manager,
+                                dynamic is not None)  # fmt: skip
     counters.aot_compiles += 1
     return CompiledFile(
         file=str(path),
@@ -291,6 +305,7 @@ def compile_package(
         attention=log.attention,
         pytree=specs,
         notes=notes.lines(),
+        dynamic=dynamic.to_json() if dynamic is not None else None,
     )
 
 
@@ -339,9 +354,10 @@ class CompileNotes:
         return out
 
 
-def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager) -> dict[str, str]:
+def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager, dynamic: bool = False) -> dict[str, str]:
     """Compile the exported program with `standalone_compile` and save it to `path`; returns the
-    serialized input and output tree specs the loader flattens and unflattens a call with."""
+    serialized input and output tree specs the loader flattens and unflattens a call with. `dynamic`: the
+    program has symbolic sizes, which the compile takes from its graph (else from the example's sizes)."""
     from torch._inductor.utils import fresh_cache
 
     gm = ep.module()
@@ -354,11 +370,20 @@ def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager) -> di
     gm.graph._codegen = torch.fx.graph.CodeGen()  # flat inputs in, the flat output tuple out
     gm.recompile()
     flat, in_spec = pytree.tree_flatten((example, {}))
+    if dynamic:
+        # Compiled at the program's own fake tensors, whose sizes are symbolic; "from_graph" takes their fake mode
+        # (with its shape environment) from the output's example values, which a Dynamo graph has and an
+        # exported one names "val".
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        flat = [n.meta["val"] for n in placeholders]
+        for node in pytree.tree_leaves(next(reversed(gm.graph.nodes)).args):
+            if isinstance(node, torch.fx.Node) and "val" in node.meta:
+                node.meta.setdefault("example_value", node.meta["val"])
     # A fresh Inductor cache: a hit in the machine's own cache would skip our passes (and their match
     # log); the artifact carries everything it needs, so nothing of that cache is wanted.
     with fresh_cache():
         art = torch._inductor.standalone_compile(
-            gm, flat, dynamic_shapes="from_example_inputs",
+            gm, flat, dynamic_shapes="from_graph" if dynamic else "from_example_inputs",
             options={"config_patches": {"post_grad_custom_post_pass": pass_manager}},
         )  # fmt: skip
         art.save(path=str(path), format="binary")

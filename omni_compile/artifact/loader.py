@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from omni_compile.artifact import aot
+from omni_compile.artifact.dynamic import DynamicSpec
 from omni_compile.artifact.manifest import (
     ArtifactError,
     Manifest,
@@ -39,13 +40,17 @@ logger = logging.getLogger("omni_compile.artifact")
 
 
 class RegionDispatch:
-    """Installed as `instance.forward`: runs the package compiled for this call's signature."""
+    """Installed as `instance.forward`: runs the package compiled for this call's signature, or the one compiled
+    with symbolic sizes (`build --dynamic`) whose family the call belongs to (`artifact.dynamic.DynamicSpec`)."""
 
-    def __init__(self, name: str, module: nn.Module, runners: dict[tuple, Any], buckets: list[str], stats: dict):
+    def __init__(self, name: str, module: nn.Module, runners: dict[tuple, Any], buckets: list[str], stats: dict,
+                 dynamic: list[tuple] = (), sizes: str = ""):  # fmt: skip
         self.name = name
         self.module = module
-        self.runners = runners
+        self.runners = runners  # call key -> runner (shared by the region's instances; dynamic matches are added)
+        self.dynamic = dynamic  # (DynamicSpec, example key, runner) per file with symbolic sizes
         self.buckets = buckets
+        self.sizes = sizes  # "and every size of 512-1536:64" for a --dynamic artifact
         self.stats = stats
         self.state = aot.module_state(module)  # the instance's tensors, read at call time through the dict
 
@@ -54,10 +59,14 @@ class RegionDispatch:
         key = aot.call_key(args, kwargs)
         runner = self.runners.get(key)
         if runner is None:
+            runner = next((r for spec, example, r in self.dynamic if spec.matches(example, key)), None)
+            if runner is not None:
+                self.runners[key] = runner  # once per size: later calls are a dict lookup
+        if runner is None:
             raise ArtifactError(
                 f"region {self.name}: no compiled file for this call ({aot.describe_key(key)}); the artifact "
-                f"holds the shape buckets {', '.join(self.buckets)}. Call the model at one of them, or rebuild "
-                "with the shape added to --shapes (or load with jit_fallback=True)"
+                f"holds the shape buckets {', '.join(self.buckets)}{self.sizes}. Call the model at one of them, or "
+                "rebuild with the shape added to --shapes (or load with jit_fallback=True)"
             )
         self.stats["compiled_calls"] = self.stats.get("compiled_calls", 0) + 1
         return runner(self.state, aot.tensor_leaves(args, kwargs))
@@ -88,20 +97,25 @@ def install(model: nn.Module, manifest: Manifest, root: Path) -> Installed:
     installed = Installed(model, manifest, root)
     modules = dict(model.named_modules())
     buckets = list(manifest.build.buckets)
+    dynamic_range = manifest.build.dynamic_range
+    sizes = f" and every size of {dynamic_range} (HEIGHTxWIDTH)" if dynamic_range else ""
     loaded: dict[str, Any] = {}
     for region in manifest.regions:
         runners: dict[tuple, Any] = {}
+        dynamic: dict[str, tuple] = {}
         for entries in region.buckets.values():
             for e in entries:
                 if e.file not in loaded:
                     loaded[e.file] = load_package(root / e.file, manifest.platform.get("kind"), manifest.build.format,
                                                   e.pytree)  # fmt: skip
                 runners[_as_key(e.key)] = loaded[e.file]
+                if e.dynamic and e.file not in dynamic:
+                    dynamic[e.file] = (DynamicSpec.from_json(e.dynamic), _as_key(e.key), loaded[e.file])
         for path in region.instances:
             if path not in modules:
                 raise ArtifactError(f"the model has no module {path!r}, which the artifact's region {region.name} runs")
             m = modules[path]
-            m.forward = RegionDispatch(region.name, m, runners, buckets, installed.stats)
+            m.forward = RegionDispatch(region.name, m, runners, buckets, installed.stats, list(dynamic.values()), sizes)
             installed.modules.append(m)
     installed.stats["packages"] = len(loaded)
     return installed
@@ -349,9 +363,11 @@ def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Mo
     installed.seconds.update(weights_check=round(t1 - t0, 4), packages=round(time.perf_counter() - t1, 4))
     use_graphs = cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda"
     if use_graphs and torch.device(device).type == "cuda":
+        from omni_compile import envs
         from omni_compile.runtime import capture_forward
 
-        installed.cuda_graphs = capture_forward(model)
+        # a --dynamic artifact serves any size of its range: a bounded number of graphs, least recently used dropped
+        installed.cuda_graphs = capture_forward(model, envs.cuda_graphs_max() if manifest.build.dynamic else None)
     model._omni_artifact = installed
     logger.info("loaded %s: %d compiled files", root, installed.stats["packages"])
     return model
@@ -402,7 +418,7 @@ def verify(
     def eager_outputs() -> dict[str, tuple[dict, torch.Tensor]]:
         out = {}
         with torch.no_grad():
-            for b in manifest.build.buckets:
+            for b in manifest.build.buckets + (manifest.build.dynamic or {}).get("checked", []):
                 inputs = adapter.example_inputs(model, ShapeBucket.parse(b), dtype=dtype, device=device,
                                                 text_len=text_len, seed=manifest.build.seed)  # fmt: skip
                 out[b] = (inputs, bucket_output(model(**inputs)).clone())

@@ -174,6 +174,7 @@ class CompiledFileEntry:
     region_identity: str | None
     source: str  # "compiled" or "store"
     pytree: dict[str, str] | None = _field(optional=True)  # inductor-standalone: input and output tree specs
+    dynamic: dict[str, Any] | None = _field(optional=True)  # build --dynamic: symbolic dims (artifact.dynamic)
 
 
 def _files(value, where):
@@ -215,6 +216,14 @@ class BuildRecord:
     example_inputs: str | None  # module:function for a model with no adapter
     compile_config: dict[str, Any]
     compile_config_hash: str
+    dynamic: dict[str, Any] | None = _field(optional=True)  # build --dynamic: min, max, step, checked sizes
+
+    @property
+    def dynamic_range(self):
+        """The `config.DynamicRange` of a --dynamic build, else None."""
+        from omni_compile.config import DynamicRange
+
+        return DynamicRange.from_json(self.dynamic)
 
 
 def _regions(value, where):

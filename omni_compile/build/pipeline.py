@@ -116,7 +116,7 @@ class BuildPipeline:
         """bucket -> (example inputs, the model's eager output on them), for every bucket."""
         s, out = self.session, {}
         with torch.no_grad():
-            for bucket in s.buckets:
+            for bucket in s.buckets + s.check_buckets:
                 inputs = s.example_inputs(self.model, bucket)
                 out[str(bucket)] = (inputs, bucket_output(self.model(**inputs)).clone())
         return out
@@ -158,6 +158,11 @@ class BuildPipeline:
                 self.events.on_bucket_done(bucket, seconds, compiles)
                 self.bucket_reports.append({"bucket": key, "first_call_seconds": round(seconds, 3),
                                             "region_compiles": compiles})  # fmt: skip
+        with torch.no_grad():  # --dynamic: sizes checked against eager, not traced
+            for bucket in s.check_buckets:
+                if str(bucket) not in self.references:
+                    inputs = s.example_inputs(model, bucket)
+                    self.references[str(bucket)] = (inputs, bucket_output(model(**inputs)).clone())
 
     def compile(self, tmp: Path | None) -> None:
         """What the trace did not compile; glue that no forward called drops out."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from omni_compile.config import CompileConfig, ShapeBucket, parse_dtype
+from omni_compile.config import CompileConfig, DynamicRange, ShapeBucket, parse_dtype
 from omni_compile.errors import ConfigError
 
 
@@ -35,6 +35,7 @@ class BuildOptions:
     force: bool = False
     mode: str = "aot"  # "aot": a prebuilt artifact; "jit": report + Inductor cache bundle (build.compilers.select)
     parity: str = "auto"  # aot: "auto" skips the check when the store's publishers checked every file; "always"
+    dynamic: str | None = None  # aot: "LOW-HIGH[:STEP]", sizes served by regions with symbolic sequence lengths
 
 
 @dataclass
@@ -58,6 +59,8 @@ class BuildSession:
     buckets: list[ShapeBucket]
     text_len: int | None  # tokens per prompt in the example inputs: --text-len, the preset's, the adapter's
     pass_manager: Any  # passes.PassManager, made for this platform and model family
+    dynamic: DynamicRange | None = None  # --dynamic: buckets then start with the range's probes
+    check_buckets: list[ShapeBucket] = field(default_factory=list)  # run against eager after the build, not traced
 
     @classmethod
     def resolve(cls, opts: BuildOptions) -> BuildSession:
@@ -77,11 +80,15 @@ class BuildSession:
         if not shapes:
             raise ConfigError(f"{spec.source} has no default shapes; pass --shapes (e.g. 1024x1024)")
         buckets = ShapeBucket.parse_list(shapes)
-        for bucket in buckets:
+        dynamic, checks = None, []
+        if opts.dynamic:
+            dynamic = DynamicRange.parse(opts.dynamic)
+            buckets, checks = _dynamic_buckets(dynamic, buckets, explicit=bool(opts.shapes))
+        for bucket in buckets + checks:
             spec.adapter.check_bucket(bucket)
         pm = make_pass_manager(opts.compile, current_platform(device), spec.adapter)
         text_len = opts.text_len or spec.text_len or spec.adapter.default_text_len
-        return cls(opts, spec, dtype, device, buckets, text_len, pm)
+        return cls(opts, spec, dtype, device, buckets, text_len, pm, dynamic, checks)
 
     def load_model(self) -> torch.nn.Module:
         """The model with the session's dtype, device and seed (random weights or the directory's)."""
@@ -93,6 +100,23 @@ class BuildSession:
         """The forward's keyword arguments for `bucket`, from the family's adapter (or the user's function)."""
         return self.spec.adapter.example_inputs(model, bucket, dtype=self.dtype, device=self.device,
                                                 text_len=self.text_len, seed=self.opts.seed if seed is None else seed)
+
+
+def _dynamic_buckets(dynamic: DynamicRange, given: list[ShapeBucket], explicit: bool):
+    """(buckets to record, buckets to check) for a `--dynamic` build: per frame count and batch of the given
+    buckets, the range's two probes (recorded: the dimensions that differ between them become symbolic) and
+    its middle (checked: it must run through the compiled files with no compile); then the given buckets that
+    lie in the range. An explicit --shapes bucket outside the range is an error; a preset's is dropped."""
+    outside = [b for b in given if not dynamic.contains(b.height, b.width)]
+    if outside and explicit:
+        raise ConfigError(f"--shapes {', '.join(map(str, outside))} outside --dynamic {dynamic} (heights and widths "
+                          f"from {dynamic.low} to {dynamic.high} in steps of {dynamic.step}); widen the range or "
+                          "drop those shapes")  # fmt: skip
+    kinds = list(dict.fromkeys((b.frames, b.batch) for b in given))
+    probes = [p for f, n in kinds for p in dynamic.probes(f, n)]
+    inside = [b for b in given if b not in outside and b not in probes]
+    checks = [m for m in (dynamic.middle(f, n) for f, n in kinds) if m not in inside and m not in probes]
+    return probes + inside, checks
 
 
 def _resolve_device(requested: str | None, default: str | None) -> str:

@@ -17,6 +17,8 @@ The contract:
   same CUDA device; a CPU tensor next to CUDA ones raises, since its value would be fixed at capture.
 - Clone on return. Each output tensor is cloned after replay, so an output the caller keeps is not
   overwritten by the next replay. The clone costs one device copy per output per call.
+- Bounded. At most `max_graphs` graphs are kept (None: no bound); a new signature past it drops the least
+  recently replayed graph (counted in `stats["evictions"]`), which a later call at its size captures again.
 - One pool. All graphs of one runner share one memory pool (`torch.cuda.graph_pool_handle()`, or the
   `pool` passed in): intermediates are shared between buckets, the static outputs of each are kept.
   Sharing is safe because replays never overlap and outputs are cloned before the next replay.
@@ -29,6 +31,7 @@ The contract:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import logging
@@ -68,16 +71,20 @@ class _Graph:
 class CudaGraphForward:
     """Calls `module` through one captured CUDA graph per input signature; see the module docstring."""
 
-    def __init__(self, module: nn.Module, enabled: bool = True, warmup: int = 2, pool=None):
+    def __init__(self, module: nn.Module, enabled: bool = True, warmup: int = 2, pool=None,
+                 max_graphs: int | None = None):  # fmt: skip
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
+        if max_graphs is not None and max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1 or None, got {max_graphs}")
         self.module = module
         self.enabled = enabled
         self.warmup = warmup
+        self.max_graphs = max_graphs
         self._pool = pool
-        self._graphs: dict[tuple, _Graph] = {}
+        self._graphs: collections.OrderedDict[tuple, _Graph] = collections.OrderedDict()  # least recently used first
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._stats = {"captures": 0, "replays": 0, "eager_calls": 0}
+        self._stats = {"captures": 0, "replays": 0, "eager_calls": 0, "evictions": 0}
         try:
             self._arg_names = list(inspect.signature(module.forward).parameters)
         except (TypeError, ValueError):
@@ -90,7 +97,7 @@ class CudaGraphForward:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counts of captures, replays (calls served by an existing graph) and eager calls."""
+        """Counts of captures, replays (calls served by an existing graph), eager calls and evictions."""
         return dict(self._stats)
 
     def keys(self) -> list[str]:
@@ -117,10 +124,14 @@ class CudaGraphForward:
                     f"CUDA graphs need every tensor argument on one CUDA device, found {sorted(map(str, devices))} "
                     f"(bucket {self._describe(args, call_kwargs)}); move them to the GPU, or {_TURN_OFF}."
                 )
+            if self.max_graphs is not None and len(self._graphs) >= self.max_graphs:
+                self._graphs.popitem(last=False)  # its buffers go back to the pool for the new graph
+                self._stats["evictions"] += 1
             entry = self._capture(devices.pop(), leaves, spec, self._describe(args, call_kwargs))
             self._graphs[key] = entry
             self._stats["captures"] += 1
         else:
+            self._graphs.move_to_end(key)
             self._stats["replays"] += 1
         for static, leaf in zip(entry.static_inputs, leaves):
             if isinstance(leaf, torch.Tensor):
@@ -254,10 +265,10 @@ class _Forward(nn.Module):
         return self.fn(*args, **kwargs)
 
 
-def capture_forward(model: nn.Module) -> CudaGraphForward:
+def capture_forward(model: nn.Module, max_graphs: int | None = None) -> CudaGraphForward:
     """Route `model.forward` through one CUDA graph per bucket around the whole forward (every region and
     the glue between them, one replay per denoise step); returns the runner, also set as `model.forward`.
-    `del model.forward` undoes it."""
-    runner = CudaGraphForward(_Forward(model.forward))
+    `max_graphs`: at most that many kept (`CudaGraphForward`). `del model.forward` undoes it."""
+    runner = CudaGraphForward(_Forward(model.forward), max_graphs=max_graphs)
     model.forward = runner
     return runner

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 
 import omni_compile
 from omni_compile.artifact import aot
+from omni_compile.artifact.dynamic import DynamicSpec, families
 from omni_compile.artifact.manifest import MANIFEST, Manifest
 from omni_compile.artifact.parity import bucket_output
 from omni_compile.build.compilers.aot_manifest import manifest as make_manifest
@@ -48,6 +51,7 @@ class AotCompiler:
         self.fresh: set[str] = set()  # files compiled here (not from the store), relative to the output
         self.to_publish: list[tuple[str, Path, dict]] = []  # to the store, once the artifact passed its checks
         self.manifest: dict[str, Any] | None = None
+        self.groups: dict[str, list[FileGroup]] = {}  # target -> its compiled files' calls
 
     @classmethod
     def default_for(cls, device: str) -> bool:
@@ -77,50 +81,57 @@ class AotCompiler:
 
     def compile(self, build, tmp: Path) -> list[dict[str, Any]]:
         records = self.recorder.records
-        jobs = [(t, sig) for t in build.targets for sig in records[t.name].examples]
+        self.groups = {t.name: _groups(records[t.name], build.session.dynamic is not None) for t in build.targets}
+        jobs = [(t, g) for t in build.targets for g in self.groups[t.name]]
         warned: set[str] = set()  # each distinct compiler warning is shown once per build
-        for i, (t, sig) in enumerate(jobs, 1):
+        for i, (t, g) in enumerate(jobs, 1):
             rec = records[t.name]
-            rel = Path("regions") / t.name / f"{sig}{aot.FORMATS[self.format]}"
-            what = f"{t.kind} {t.name} [{aot.describe_key(rec.keys[sig])}] ({i}/{len(jobs)})"
+            rel = Path("regions") / t.name / f"{g.sig}{aot.FORMATS[self.format]}"
+            call = g.spec.describe(rec.keys[g.example]) if g.spec else aot.describe_key(rec.keys[g.example])
+            what = f"{t.kind} {t.name} [{call}] ({i}/{len(jobs)})"
             try:
-                cf = self._compile_one(build, t, sig, tmp, rel, what, warned)
+                cf = self._compile_one(build, t, g, tmp, rel, what, warned)
             except Exception as e:
                 which = f"region {t.name}" if t.kind == "block" else f"the glue module {t.name!r}"
                 raise OmniCompileError(f"ahead-of-time compile of {which} failed: {type(e).__name__}: {e}") from e
             cf.file = str(rel)
-            self.compiled[(t.name, sig)] = cf
-            logger.info("compiled %s@%s in %.2fs", t.name, sig, cf.seconds)
+            self.compiled[(t.name, g.sig)] = cf
+            logger.info("compiled %s@%s in %.2fs", t.name, g.sig, cf.seconds)
         for rec in records.values():
             rec.examples.clear()  # drop the recorded example tensors
         called = [t for t in build.targets if records[t.name].keys]
-        self.manifest = make_manifest(build, called, records, self.compiled, self.format)
+        self.manifest = make_manifest(build, called, records, self.groups, self.compiled, self.format)
         if build.transformed:
             self.manifest["weights"]["transforms"] = build.transformed
-        return [_compile_record(name, sig, records[name], cf) for (name, sig), cf in self.compiled.items()]
+        return [_compile_record(name, g, records[name], self.compiled[(name, g.sig)])
+                for name, gs in self.groups.items() for g in gs]  # fmt: skip
 
-    def _compile_one(self, build, t: aot.Target, sig: str, tmp: Path, rel: Path, what: str, warned: set[str]):
+    def _compile_one(self, build, t: aot.Target, g: FileGroup, tmp: Path, rel: Path, what: str, warned: set[str]):
         rec = self.recorder.records[t.name]
-        pm, label = build.session.pass_manager, f"{t.name}@{sig}"
+        sig = g.example
+        pm, label = build.session.pass_manager, f"{t.name}@{g.sig}"
         module = dict(t.instances)[rec.instances[sig][0]]
+        example = rec.examples[sig]
         # The region's graph identity: the trace of its recorded call (no export needed to look it up in a
         # store), or, for a call the recorder could not trace, its exported graph.
         exported = None
         if sig in rec.traces:
             identity = f"trace:{rec.traces[sig]}"
         else:
-            exported = aot.export_region(module, rec.examples[sig])
+            exported = aot.export_region(module, example, g.spec, t.name)
             identity = f"export:{exported[1]}"
-        key = _cache_key(identity, rec.keys[sig], pm, self.format)
+        signature = rec.keys[sig] if g.spec is None else (rec.keys[sig], json.dumps(g.spec.to_json()))
+        key = _cache_key(identity, signature, pm, self.format)
         cf = _from_store(self.store, key, tmp / rel, identity) if self.store else None
         if cf is not None:
             build.events.on_stage(f"from the store: {what}")
+            cf.dynamic = g.spec.to_json() if g.spec else None
         else:
             build.events.on_stage(f"compiling {what}")
-            exported = exported or aot.export_region(module, rec.examples[sig])
+            exported = exported or aot.export_region(module, example, g.spec, t.name)
             with recording(tmp / REPORT_DIR / "inspect"):  # dumps for omni-compile inspect
-                cf = aot.compile_package(module, rec.examples[sig], tmp / rel, pm, label, exported=exported,
-                                         fmt=self.format)  # fmt: skip
+                cf = aot.compile_package(module, example, tmp / rel, pm, label, exported=exported, fmt=self.format,
+                                         dynamic=g.spec)  # fmt: skip
             self.fresh.add(str(rel))
             self.to_publish.append((key, tmp / rel, _entry_meta(cf, label, identity)))
             fired = ", ".join(f"{k}={n}" for k, n in cf.passes.items() if n) or "no pass matched"
@@ -145,7 +156,8 @@ class AotCompiler:
             found = None
             for name, rec in self.recorder.records.items():
                 for sig in rec.buckets.get(bucket, []):
-                    p = (self.compiled[(name, sig)].parity or {}).get(bucket)
+                    file_sig = next(g.sig for g in self.groups[name] if sig in g.members)
+                    p = (self.compiled[(name, file_sig)].parity or {}).get(bucket)
                     if p is None:
                         return None
                     if found is None or p["rel_l2_vs_eager"] > found["rel_l2_vs_eager"]:
@@ -211,11 +223,42 @@ class InductorStandalone(AotCompiler):
     name = format = "inductor-standalone"
 
 
-def _compile_record(name: str, sig: str, rec: aot.CallRecord, cf: aot.CompiledFile) -> dict[str, Any]:
+@dataclass
+class FileGroup:
+    """The calls of one region that one compiled file serves: its signature id (the file's name), the call it
+    is exported at, the recorded calls it serves, and its symbolic dimensions (None: a static file)."""
+
+    sig: str
+    example: str
+    members: list[str]
+    spec: DynamicSpec | None = None
+
+
+def _groups(rec: aot.CallRecord, dynamic: bool) -> list[FileGroup]:
+    """One file per recorded call; with `dynamic`, one per family of calls (`artifact.dynamic.families`),
+    exported at its largest call (a size of 1 would be specialized, and the largest is what kernels are tuned
+    for)."""
+    if not dynamic:
+        return [FileGroup(sig, sig, [sig]) for sig in rec.keys]
+    out = []
+    for members in families(rec.keys):
+        spec = DynamicSpec.of([rec.keys[s] for s in members])
+        if spec is None:
+            out.extend(FileGroup(sig, sig, [sig]) for sig in members)
+            continue
+        example = max(members, key=lambda s: sum(math.prod(t.shape) for t in aot.tensor_leaves(*rec.examples[s])))
+        sig = aot.signature_id(("dynamic", rec.keys[example], json.dumps(spec.to_json())))
+        out.append(FileGroup(sig, example, members, spec))
+    return out
+
+
+def _compile_record(name: str, g: FileGroup, rec: aot.CallRecord, cf: aot.CompiledFile) -> dict[str, Any]:
     """One file's line in the report's region compiles."""
+    key = rec.keys[g.example]
+    call = g.spec.describe(key) if g.spec else aot.describe_key(key)
     return {"region": name, "graph_hash": cf.graph_hash, "seconds": round(cf.seconds, 3), "passes": cf.passes,
-            "fused_op_implementations": cf.resolutions, "attention": cf.attention, "signature": sig,
-            "call": aot.describe_key(rec.keys[sig]), "file": cf.file, "sha256": cf.sha256, "source": cf.source,
+            "fused_op_implementations": cf.resolutions, "attention": cf.attention, "signature": g.sig,
+            "call": call, "file": cf.file, "sha256": cf.sha256, "source": cf.source,
             "cache_key": cf.cache_key, "notes": cf.notes}  # fmt: skip
 
 

@@ -14,20 +14,22 @@ from omni_compile.build.report import model_summary, summarize
 from omni_compile.config import dtype_name
 
 
-def manifest(build, targets: list[aot.Target], records: dict[str, aot.CallRecord],
+def manifest(build, targets: list[aot.Target], records: dict[str, aot.CallRecord], groups: dict[str, list],
              compiled: dict[tuple[str, str], aot.CompiledFile], fmt: str) -> dict[str, Any]:  # fmt: skip
     """The manifest of `build` (a `build.pipeline.BuildPipeline`) without its results (parity, timing,
-    compilations, store), which the build fills in once it has them."""
+    compilations, store), which the build fills in once it has them. `groups`: target -> the
+    `build.compilers.aot.FileGroup`s of its files (one per call signature, or per family with --dynamic)."""
     session, model = build.session, build.model
     spec, opts, pm = session.spec, session.opts, session.pass_manager
     regions = []
     for t in targets:
         rec = records[t.name]
-        files = {sig: _file_entry(sig, rec, compiled[(t.name, sig)]) for sig in rec.keys}
+        entries = {g.sig: _file_entry(g, rec, compiled[(t.name, g.sig)]) for g in groups[t.name]}
+        file_of = {m: g.sig for g in groups[t.name] for m in g.members}
         cls = type(t.instances[0][1])
+        buckets = {b: [entries[f] for f in dict.fromkeys(file_of[s] for s in sigs)] for b, sigs in rec.buckets.items()}
         regions.append({"name": t.name, "kind": t.kind, "class": f"{cls.__module__}.{cls.__qualname__}",
-                        "instances": [p for p, _ in t.instances],
-                        "buckets": {b: [files[s] for s in sigs] for b, sigs in rec.buckets.items()}})  # fmt: skip
+                        "instances": [p for p, _ in t.instances], "buckets": buckets})  # fmt: skip
     done = [{"passes": cf.passes, "fused_op_implementations": cf.resolutions, "attention": cf.attention}
             for cf in compiled.values()]  # fmt: skip
     total = summarize(done)
@@ -43,6 +45,7 @@ def manifest(build, targets: list[aot.Target], records: dict[str, aot.CallRecord
             "dtype": dtype_name(session.dtype),
             "device": session.device,
             "buckets": [str(b) for b in session.buckets],
+            **_dynamic_record(session),
             "text_len": session.text_len,
             "seed": opts.seed,  # of the random weights and the example inputs
             "example_inputs": opts.example_inputs,  # module:function for a model with no adapter (verify uses it)
@@ -60,13 +63,25 @@ def manifest(build, targets: list[aot.Target], records: dict[str, aot.CallRecord
     }
 
 
-def _file_entry(sig: str, rec: aot.CallRecord, cf: aot.CompiledFile) -> dict[str, Any]:
-    entry = {"signature": sig, "call": aot.describe_key(rec.keys[sig]), "key": aot.json_safe(rec.keys[sig]),
-             "file": cf.file, "sha256": cf.sha256, "graph_hash": cf.graph_hash, "instances": rec.instances[sig],
+def _dynamic_record(session) -> dict[str, Any]:
+    """`build.dynamic` of a --dynamic build: the range and the sizes checked that no forward recorded."""
+    if session.dynamic is None:
+        return {}
+    return {"dynamic": {**session.dynamic.to_json(), "checked": [str(b) for b in session.check_buckets]}}
+
+
+def _file_entry(g, rec: aot.CallRecord, cf: aot.CompiledFile) -> dict[str, Any]:
+    key = rec.keys[g.example]
+    instances = list(dict.fromkeys(p for m in g.members for p in rec.instances[m]))
+    call = g.spec.describe(key) if g.spec else aot.describe_key(key)
+    entry = {"signature": g.sig, "call": call, "key": aot.json_safe(key),
+             "file": cf.file, "sha256": cf.sha256, "graph_hash": cf.graph_hash, "instances": instances,
              "passes": cf.passes, "compile_seconds": round(cf.seconds, 3), "cache_key": cf.cache_key,
              "region_identity": cf.identity, "source": cf.source}  # fmt: skip
     if cf.pytree:
         entry["pytree"] = cf.pytree
+    if cf.dynamic:
+        entry["dynamic"] = cf.dynamic
     return entry
 
 

@@ -61,6 +61,9 @@ class InductorJit:
         return True
 
     def check(self, opts) -> None:
+        if opts.dynamic:
+            raise ConfigError("--dynamic compiles regions with symbolic sizes into an artifact; use it with --mode aot "
+                              "(the default)")  # fmt: skip
         if opts.store and not opts.store.startswith(("redis://", "rediss://")):
             raise ConfigError(
                 "--mode jit --store needs a redis:// store: it points Inductor's own remote caches (FX graph, "
