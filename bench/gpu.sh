@@ -23,7 +23,7 @@
 #   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
 #              stock, stock-fa3, omni (W5, W5_MODES, or W5_MODES_W5_ltx / W5_MODES_W5_hunyuan for one of them)
 #   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs, stock,
-#              omni JIT (ARTIFACT_MODES; ARTIFACT_DIR keeps the artifact)
+#              omni JIT, build --dynamic (ARTIFACT_MODES, ARTIFACT_WORKLOADS, ARTIFACT_DYNAMIC; ARTIFACT_DIR keeps it)
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
 #   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
 #   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
@@ -102,8 +102,10 @@ for stage in "$@"; do
           --profile-modes omni --json "$OUT/e2e_$w.json"
       done ;;
     artifact)
-      # ARTIFACT_MODES (default: all four), ARTIFACT_DIR: keep the built artifact there (a later command reuses it)
-      run artifact 540 python3 -P bench/artifact.py --workloads W1,W3 --modes "${ARTIFACT_MODES:-build,artifact,stock,omni}" \
+      # ARTIFACT_MODES (default: all four; build-dynamic,dynamic: `build --dynamic ARTIFACT_DYNAMIC`), ARTIFACT_DIR:
+      # keep the built artifact there (a later command reuses it), ARTIFACT_WORKLOADS (default W1,W3)
+      run artifact 540 python3 -P bench/artifact.py --workloads "${ARTIFACT_WORKLOADS:-W1,W3}" \
+        --modes "${ARTIFACT_MODES:-build,artifact,stock,omni}" --dynamic "${ARTIFACT_DYNAMIC:-768-1280:64}" \
         ${ARTIFACT_DIR:+--art "$ARTIFACT_DIR"} --json "$OUT/artifact.json" ;;
     store)
       run store 400 python3 -P bench/store.py --model flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
