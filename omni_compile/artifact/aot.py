@@ -25,15 +25,17 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from omni_compile.graphs.layout import canonical_layout
-from omni_compile.graphs.trace import OpTrace, named_call_inputs
-from omni_compile.passes import PassLog, PassManager
+
+if TYPE_CHECKING:  # build-time only: loading an artifact (the server's start) does not import the passes
+    from omni_compile.graphs.trace import OpTrace
+    from omni_compile.passes import PassManager
 
 logger = logging.getLogger("omni_compile.artifact")
 
@@ -151,6 +153,8 @@ class CallRecorder:
                 rec.examples[sig] = (args, kwargs)
                 rec.keys[sig] = key
                 if self._tracing is None:  # targets do not nest; this guards against a model where they do
+                    from omni_compile.graphs.trace import OpTrace, named_call_inputs
+
                     trace = OpTrace(named_call_inputs(module_state(module), args, kwargs))
                     self._tracing = (module, rec, sig, trace)
                     trace.__enter__()
@@ -283,6 +287,8 @@ def compile_package(
     t0 = time.perf_counter()
     ep, graph_hash = exported or export_region(module, example, dynamic, label)
     pass_manager.prepare()
+    from omni_compile.passes import PassLog
+
     log = PassLog(label=label)
     path.parent.mkdir(parents=True, exist_ok=True)
     specs = None
