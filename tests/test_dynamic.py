@@ -121,7 +121,7 @@ def test_wan_block_fuses_with_symbolic_sizes(tmp_path):
                                                                                 "adaln": 2}  # fmt: skip
     from omni_compile.artifact.loader import load_package
 
-    runner = load_package(tmp_path / "wan.pt2", "cpu")
+    runner = load_package(tmp_path / "wan.pt2")
     args, kwargs = calls[0]  # the other recorded length: [1, 20, 32]
     with torch.no_grad():
         got = runner(aot.module_state(block), aot.tensor_leaves(args, kwargs))

@@ -106,8 +106,7 @@ def install(model: nn.Module, manifest: Manifest, root: Path) -> Installed:
         for entries in region.buckets.values():
             for e in entries:
                 if e.file not in loaded:
-                    loaded[e.file] = load_package(root / e.file, manifest.platform.get("kind"), manifest.build.format,
-                                                  e.pytree)  # fmt: skip
+                    loaded[e.file] = load_package(root / e.file, manifest.build.format, e.pytree)
                 runners[_as_key(e.key)] = loaded[e.file]
                 if e.dynamic and e.file not in dynamic:
                     dynamic[e.file] = (DynamicSpec.from_json(e.dynamic), _as_key(e.key), loaded[e.file])
@@ -121,33 +120,31 @@ def install(model: nn.Module, manifest: Manifest, root: Path) -> Installed:
     return installed
 
 
-def load_package(path: Path, kind: str | None, fmt: str = "aoti-package", specs: dict[str, str] | None = None):
+def load_package(path: Path, fmt: str = "aoti-package", specs: dict[str, str] | None = None):
     """One compiled file, loaded without Dynamo and without compiling, as a callable (state, args, kwargs).
 
     An `inductor-standalone` file is loaded with `CompiledArtifact.load` and called through
     `aot.StandaloneRunner` (its tree specs, `specs`, come from the manifest; without them, as in the
     child-process probe, the raw artifact is returned).
 
-    For a GPU package this calls AOTInductor's loader directly: `aoti_load_package` first compares
-    the package's host metadata with this machine, which probes the CPU's vector ISA by compiling and
-    loading a test library in a subprocess (about 0.5 s per process, longer with a cold cache) only to
-    log a warning; our manifest check has already compared the platform. CPU packages, whose kernels
-    are built for that ISA, keep `aoti_load_package` and its check.
+    This calls AOTInductor's loader directly: `aoti_load_package` first compares the package's host
+    metadata with this machine, which probes the CPU's vector ISA (about 0.1 s per file on the 2-core CPU,
+    0.5 s and more with a cold cache) only to log a warning; our manifest check has already compared the
+    platform (a CPU package's device name is the CPU's model, whose ISA its kernels were built for).
     """
     if fmt == "inductor-standalone":
         artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
         return aot.StandaloneRunner(artifact, specs) if specs else artifact
     if fmt != "aoti-package":
         raise ArtifactError(f"{path}: unknown compiled-file format {fmt!r}; this omni-compile reads {', '.join(aot.FORMATS)}")
-    if kind not in (None, "cpu"):
-        try:
-            from torch.export.pt2_archive._package import AOTICompiledModel
+    try:
+        from torch.export.pt2_archive._package import AOTICompiledModel
 
-            loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-        except (ImportError, AttributeError, TypeError) as e:  # another torch's internals: the public path
-            logger.debug("direct AOTInductor load unavailable (%s); using aoti_load_package", e)
-        else:
-            return AOTICompiledModel(loader)
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    except (ImportError, AttributeError, TypeError) as e:  # another torch's internals: the public path
+        logger.debug("direct AOTInductor load unavailable (%s); using aoti_load_package", e)
+    else:
+        return AOTICompiledModel(loader)
     return torch._inductor.aoti_load_package(str(path))
 
 
@@ -156,10 +153,10 @@ import sys
 from pathlib import Path
 import omni_compile  # registers our ops, as a real load does
 from omni_compile.artifact.loader import load_package
-root, kind, fmt = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-for rel in sys.argv[4:]:
+root, fmt = Path(sys.argv[1]), sys.argv[2]
+for rel in sys.argv[3:]:
     print("loading " + rel, flush=True)
-    load_package(root / rel, kind, fmt)
+    load_package(root / rel, fmt)
 print("all loaded", flush=True)
 """
 
@@ -173,9 +170,8 @@ def probe_load(root: Path, manifest: Manifest, timeout: float = 600, only: set[s
     import sys
 
     files = [e.file for e in manifest.files() if only is None or e.file in only]
-    kind = manifest.platform.get("kind") or "cpu"
     try:
-        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), kind, manifest.build.format, *files],
+        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE, str(root), manifest.build.format, *files],
                               capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise ArtifactError(f"loading the compiled files of {root} did not finish in {timeout:.0f} s (in a child process)") from None
