@@ -382,7 +382,7 @@ def _standalone(ep, example: tuple, path: Path, pass_manager: PassManager, dynam
         # exported one names "val".
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         flat = [n.meta["val"] for n in placeholders]
-        for node in pytree.tree_leaves(next(reversed(gm.graph.nodes)).args):
+        for node in pytree.tree_leaves(gm.graph.output_node().args):
             if isinstance(node, torch.fx.Node) and "val" in node.meta:
                 node.meta.setdefault("example_value", node.meta["val"])
     # A fresh Inductor cache: a hit in the machine's own cache would skip our passes (and their match
