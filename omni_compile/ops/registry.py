@@ -250,8 +250,7 @@ class FusedOp:
             kernel = self.kernels.get(choice)
             if kernel is None:
                 valid = ", ".join([AUTO, NATIVE, *self.kernels])
-                raise KernelUnavailableError(f"fused op {self.name!r} has no {choice!r} kernel{_skipped()}; choose one "
-                                             f"of: {valid}")  # fmt: skip
+                raise KernelUnavailableError(f"fused op {self.name!r} has no {choice!r} kernel; choose one of: {valid}")
             why = kernel.check(platform, args, explicit=True)
             if why:
                 raise KernelUnavailableError(
@@ -283,13 +282,6 @@ def register_kernel(op_name: str, kernel: Kernel) -> Kernel:
     return kernel
 
 
-def _skipped() -> str:
-    """' here (REASON)' when this machine registered no platform kernel (`ops.kernels.SKIPPED`), else ''."""
-    from omni_compile.ops import kernels
-
-    return f" here ({kernels.SKIPPED})" if kernels.SKIPPED else ""
-
-
 def parse_kernel_items(text: str) -> dict[str, str]:
     """'rms_norm=triton, *=native' (the OMNI_COMPILE_KERNELS / --kernels syntax) -> {op: impl}."""
     from omni_compile.errors import ConfigError
@@ -319,7 +311,7 @@ def parse_kernel_choices(choices: dict[str, str] | None, override: str | None = 
         impl = merged.pop("*")
         if impl not in (AUTO, NATIVE) and not any(impl in op.kernels for op in FUSED_OPS.values()):
             raise ConfigError(
-                f"kernel choice '*={impl}': no fused op has a {impl!r} kernel{_skipped()}; use auto, native or triton"
+                f"kernel choice '*={impl}': no fused op has a {impl!r} kernel; use auto, native or triton"
             )
         for name, op in FUSED_OPS.items():
             # '*' asks for a kernel only where the op has one; an op without it keeps auto.
@@ -329,6 +321,6 @@ def parse_kernel_choices(choices: dict[str, str] | None, override: str | None = 
             raise ConfigError(f"kernel choice for unknown fused op {name!r}; fused ops are {', '.join(FUSED_OPS)}")
         valid = [AUTO, NATIVE, *FUSED_OPS[name].kernels]
         if impl not in valid:
-            raise ConfigError(f"kernel choice {name}={impl!r} is not valid{_skipped()}; choose one of {', '.join(valid)}")
+            raise ConfigError(f"kernel choice {name}={impl!r} is not valid; choose one of {', '.join(valid)}")
         resolved[name] = impl
     return resolved
