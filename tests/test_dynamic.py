@@ -247,3 +247,40 @@ def test_dynamic_artifact_on_cuda(tmp_path, subprocess_env):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_sizes_from_inputs_gives_each_size_one_node():
+    """A size read from an intermediate (one more user of it) and a second node of the same size become one node per
+    size, read from the inputs after the placeholders; the graph computes the same at another size."""
+    import operator
+
+    from torch.export import Dim
+
+    from omni_compile.graphs.symbolic import sizes_from_inputs
+
+    class Twice(torch.nn.Module):
+        def forward(self, text, image):
+            joint = torch.cat([text, image], dim=1)  # [1, 8 + S, 4]
+            return joint.reshape(1, joint.shape[1], 2, 2) + (joint * 2).reshape(1, joint.shape[1], 2, 2)
+
+    text, image = torch.randn(1, 8, 4), torch.randn(1, 20, 4)
+    gm = torch.export.export(Twice(), (text, image), dynamic_shapes=(None, {1: Dim.AUTO}), strict=False).module()
+    g = gm.graph
+    cat = next(n for n in g.nodes if n.target is torch.ops.aten.cat.default)
+    second = [n for n in g.nodes if n.target in (torch.ops.aten.reshape.default, torch.ops.aten.view.default)][-1]
+    with g.inserting_before(second):  # as Inductor's graphs have it: the size read from the concatenation
+        read = g.call_function(torch.ops.aten.sym_size.int, (cat, 1))
+    read.meta["val"] = cat.meta["val"].shape[1]
+    second.args = (second.args[0], [read if isinstance(a, torch.fx.Node) else a for a in second.args[1]])
+    sizes = lambda: [n for n in g.nodes if isinstance(n.meta.get("val"), torch.SymInt)]  # noqa: E731
+    assert len(cat.users) == 3 and len({str(n.meta["val"]) for n in sizes()}) < len(sizes())
+    assert sizes_from_inputs(g) > 0
+    g.eliminate_dead_code()
+    gm.recompile()
+    after = sizes()
+    assert len({str(n.meta["val"]) for n in after}) == len(after)  # one node per size
+    assert all(n.args[0].op == "placeholder" for n in after if n.target is torch.ops.aten.sym_size.int)
+    assert {n.target for n in after} <= {torch.ops.aten.sym_size.int, operator.add} and len(cat.users) == 2
+    other = torch.randn(1, 36, 4)
+    torch.testing.assert_close(gm(text, other), Twice()(text, other))
+    assert sizes_from_inputs(torch.fx.symbolic_trace(torch.nn.Linear(2, 2)).graph) == 0  # no symbolic size: as is
