@@ -26,7 +26,7 @@ from omni_compile.server.config import ServeConfig
 from omni_compile.server.engine import Engine, Job, split_batch, usable_batch_sizes
 from omni_compile.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from omni_compile.server.schemas import (ImageData, ImageRequest, ImageResponse, LoraLoad, RequestError,
-                                         StepCacheReport, lora_setting, step_cache_setting, validate)  # fmt: skip
+                                         lora_setting, step_cache_report, step_cache_setting, validate)  # fmt: skip
 from omni_compile.server.videos import VIDEOS, VideoJobs, add_video_routes
 
 logger = logging.getLogger("omni_compile.server")
@@ -202,11 +202,9 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                 raise RequestError(504, f"the request did not finish within {config.timeout_s:g} s; retry, "
                                    "or ask for fewer steps or images", type="timeout_error")  # fmt: skip
         images = future.result()
-        report = None
-        if step_cache is not None:
-            calls = sum(c for c, _ in job.computed)
-            report = StepCacheReport(setting=step_cache, fraction_computed=round(
-                sum(k for _, k in job.computed) / calls if calls else 1.0, 4))  # fmt: skip
+        report = step_cache_report(job)
+        if report is not None and report.fraction_computed is None:  # ran no transformer call: nothing skipped
+            report.fraction_computed = 1.0
         return ImageResponse(created=int(time.time()), data=[
             ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=body.prompt, seed=s) for s, png in images
         ], step_cache=report)  # fmt: skip

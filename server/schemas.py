@@ -47,7 +47,15 @@ class VideoRequest(BaseModel):
     guidance_scale: float | int | None = Field(None, description="extension: classifier-free guidance (Wan: 5)")
     num_frames: int | None = Field(None, description="extension: frames (instead of seconds), one served at the size")
     lora: LoraRef | None = Field(None, description="extension (JSON bodies): a loaded LoRA merged for this job")
+    step_cache: str | None = Field(None, description="extension: step caching for this job ('off', "
+                                   "'schedule:0.5', ...); the server's --step-cache when absent")  # fmt: skip
     input_reference: object | None = Field(None, description="image-to-video: not supported (400)")
+
+
+class StepCacheReport(BaseModel):
+    setting: str = Field(description="the step cache setting the request ran with ('off': every step computed)")
+    fraction_computed: float | None = Field(description="transformer calls that ran every block, over all its "
+                                            "calls (None: a video job that has not run yet)")  # fmt: skip
 
 
 class VideoError(BaseModel):
@@ -76,6 +84,8 @@ class Video(BaseModel):
     num_inference_steps: int
     steps_done: int
     guidance_scale: float
+    step_cache: StepCacheReport | None = Field(None, description="with --step-cache: the setting, and once the job "
+                                               "ran, the share of transformer calls computed")  # fmt: skip
 
 
 class VideoList(BaseModel):
@@ -102,11 +112,6 @@ class ImageData(BaseModel):
     b64_json: str
     revised_prompt: str | None = None
     seed: int = Field(description="the seed this image was drawn with (request seed + index)")
-
-
-class StepCacheReport(BaseModel):
-    setting: str = Field(description="the step cache setting the request ran with ('off': every step computed)")
-    fraction_computed: float = Field(description="transformer calls that ran every block, over all its calls")
 
 
 class ImageResponse(BaseModel):
@@ -162,6 +167,16 @@ def step_cache_setting(req: ImageRequest, default: str | None) -> str | None:
     except ConfigError as e:
         raise RequestError(400, f"step_cache: {e}, or 'off'", param="step_cache") from None
     return config.text()
+
+
+def step_cache_report(job) -> StepCacheReport | None:
+    """What a job (`engine.Job`) ran with: its step cache setting and the share of its transformer calls computed
+    (None before it ran); None where the server runs without step caching."""
+    if job.step_cache is None:
+        return None
+    calls = sum(c for c, _ in job.computed)
+    done = sum(k for _, k in job.computed)
+    return StepCacheReport(setting=job.step_cache, fraction_computed=round(done / calls, 4) if calls else None)
 
 
 def lora_setting(req: ImageRequest, loras) -> tuple[str, float] | None:

@@ -20,7 +20,6 @@ class VideoPipeline(ServedPipeline):
     task = "text-to-video"
     pipeline_class = "WanPipeline"
     default_guidance = 5.0  # Wan2.1-T2V's classifier-free guidance (above 1: two transformer calls a step)
-    supports_step_cache = False
     fps: int = 16
 
     def configure(self, config) -> None:

@@ -41,7 +41,8 @@ from starlette.formparsers import MultiPartException
 
 from omni_compile.server.engine import Job, split_batch, usable_batch_sizes
 from omni_compile.server.schemas import (RequestError, Video, VideoDeleted, VideoError, VideoList, VideoRequest,
-                                         check_common, check_model, check_size, lora_setting)  # fmt: skip
+                                         check_common, check_model, check_size, lora_setting, step_cache_report,
+                                         step_cache_setting)  # fmt: skip
 
 logger = logging.getLogger("omni_compile.server")
 VIDEOS = "/v1/videos"
@@ -85,7 +86,8 @@ class VideoJob:
                      expires_at=int(self.finished_at + ttl_s) if self.finished else None,
                      size=f"{job.width}x{job.height}", seconds=self.seconds, prompt=job.prompt, error=self.failure,
                      seed=job.seed, num_frames=job.frames, fps=self.fps, num_inference_steps=job.steps,
-                     steps_done=job.steps_done, guidance_scale=job.guidance)  # fmt: skip
+                     steps_done=job.steps_done, guidance_scale=job.guidance,
+                     step_cache=step_cache_report(job))  # fmt: skip
 
 
 class VideoJobs:
@@ -338,6 +340,7 @@ def add_video_routes(app: FastAPI, config, auth, model_name: str, served) -> Non
         if why:
             raise RequestError(400, why, param="prompt", code="prompt_too_long")
         lora = lora_setting(body, pipe.loras)
+        step_cache = step_cache_setting(body, config.step_cache)
         sizes = usable_batch_sizes(pipe, height, width, config.max_batch, frames)
         if split_batch(1, sizes) is None:
             raise RequestError(400, f"{width}x{height} with {frames} frames is compiled for batches of {sizes} only; "
@@ -345,7 +348,8 @@ def add_video_routes(app: FastAPI, config, auth, model_name: str, served) -> Non
                                param="size")  # fmt: skip
         seed = body.seed if body.seed is not None else int.from_bytes(os.urandom(6), "big")
         job = Job(prompt=body.prompt, n=1, seed=seed, height=height, width=width, steps=steps, guidance=guidance,
-                  deadline=time.monotonic() + config.timeout_s, lora=lora, frames=frames)  # fmt: skip
+                  deadline=time.monotonic() + config.timeout_s, lora=lora, frames=frames,
+                  step_cache=step_cache)  # fmt: skip
         videos: VideoJobs = request.app.state.videos
         video = VideoJob(id=f"video_{secrets.token_hex(12)}", job=job, model=model_name,
                          seconds=f"{pipe.duration(frames):g}", fps=pipe.fps, created_at=int(time.time()))  # fmt: skip

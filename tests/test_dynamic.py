@@ -254,9 +254,8 @@ def test_sizes_from_inputs_gives_each_size_one_node():
     size, read from the inputs after the placeholders; the graph computes the same at another size."""
     import operator
 
-    from torch.export import Dim
-
     from omni_compile.graphs.symbolic import sizes_from_inputs
+    from torch.export import Dim
 
     class Twice(torch.nn.Module):
         def forward(self, text, image):
@@ -272,7 +271,7 @@ def test_sizes_from_inputs_gives_each_size_one_node():
         read = g.call_function(torch.ops.aten.sym_size.int, (cat, 1))
     read.meta["val"] = cat.meta["val"].shape[1]
     second.args = (second.args[0], [read if isinstance(a, torch.fx.Node) else a for a in second.args[1]])
-    sizes = lambda: [n for n in g.nodes if isinstance(n.meta.get("val"), torch.SymInt)]  # noqa: E731
+    sizes = lambda: [n for n in g.nodes if isinstance(n.meta.get("val"), torch.SymInt)]
     assert len(cat.users) == 3 and len({str(n.meta["val"]) for n in sizes()}) < len(sizes())
     assert sizes_from_inputs(g) > 0
     g.eliminate_dead_code()

@@ -172,6 +172,8 @@ BAD = [
     ({"num_inference_steps": 0}, "num_inference_steps", None, "between 1 and 5000"),
     ({"guidance_scale": 101}, "guidance_scale", None, "between 0 and 100"),
     ({"model": "sora-2"}, "model", "model_not_found", "model 'sora-2' is not served here; this server serves 'wan-tiny'"),
+    ({"step_cache": "schedule:0.5"}, "step_cache", None, "this server runs without step caching; start it with "
+     "--step-cache"),
     ({"input_reference": {"image_url": "x"}}, "input_reference", None, "image-to-video is not served"),
 ]
 
@@ -291,8 +293,26 @@ def test_wan_pipeline_directory(wan_artifact, tmp_path):
     flux = tmp_path / "flux-pipe"
     flux.mkdir()
     (flux / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
-    with pytest.raises(omni_compile.ConfigError, match="--step-cache: not available for text-to-video yet"):
-        load_pipeline(ServeConfig(artifact=str(wan_artifact), step_cache="schedule:0.5"))
     with pytest.raises(omni_compile.ConfigError, match="holds a FluxPipeline; this artifact's model runs in a "
                        "WanPipeline: pass --pipeline with a WanPipeline directory"):  # fmt: skip
         load_pipeline(ServeConfig(artifact=str(wan_artifact), pipeline=str(flux)))
+
+
+def test_video_step_cache(wan_artifact):
+    """`--step-cache` on a video server: each of the pipeline's transformer calls (conditional and unconditional,
+    each with its own cached state) is counted; 'off' computes them all and matches the pipeline without the
+    cache bit for bit; schedule:0.5 skips some and changes the video; zero compiles."""
+    import omni_compile
+    from omni_compile.server import ServeConfig
+    from omni_compile.server.pipeline import load_pipeline
+
+    plain = load_pipeline(ServeConfig(artifact=str(wan_artifact)))
+    served = load_pipeline(ServeConfig(artifact=str(wan_artifact), step_cache="schedule:0.5"))
+    args = (["a red cat"], [4], 32, 32, 8, 5.0)
+    with omni_compile.counters.expect(regions_compiled=0, aot_compiles=0):
+        reference = plain.run(*args, frames=5)
+        every = served.run(*args, frames=5, step_cache="off")
+        assert served.last_calls == (16, 16)  # 8 steps, two calls each (guidance 5)
+        cached = served.run(*args, frames=5, step_cache="schedule:0.5")
+    calls, computed = served.last_calls
+    assert every == reference and calls == 16 and 4 < computed < 16 and cached != every
