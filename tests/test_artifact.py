@@ -81,6 +81,10 @@ def test_wan_manifest_keeps_the_attention_roles(artifacts):
     assert set(m["attention"]["per_role"]) == {"wan.self", "wan.cross"}
     assert {r["name"] for r in m["regions"] if r["kind"] == "block"} == {"WanTransformerBlock"}
     assert m["build"]["buckets"] == ["64x64x5", "64x96x5"]
+    # Wan's rotary scatter pattern (allows several users: the pattern matcher's MULTIPLE, tested by identity)
+    # matches in the AOT compile, whose config Inductor deep-copies with the pass manager in it
+    block = next(r for r in m["regions"] if r["kind"] == "block")
+    assert all(e["passes"]["qk_norm_rope"] == 2 for es in block["buckets"].values() for e in es), block
 
 
 LOAD_SCRIPT = r"""
