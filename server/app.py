@@ -203,8 +203,6 @@ def build_app(config: ServeConfig, *, loader=None) -> FastAPI:
                                    "or ask for fewer steps or images", type="timeout_error")  # fmt: skip
         images = future.result()
         report = step_cache_report(job)
-        if report is not None and report.fraction_computed is None:  # ran no transformer call: nothing skipped
-            report.fraction_computed = 1.0
         return ImageResponse(created=int(time.time()), data=[
             ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=body.prompt, seed=s) for s, png in images
         ], step_cache=report)  # fmt: skip

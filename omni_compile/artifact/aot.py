@@ -62,12 +62,14 @@ def signature_id(key: tuple) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
 
 
-def describe_key(key: tuple) -> str:
-    """'1x16x32 fp32, 1x8x32 fp32, None' for the tensor leaves and values of a call key."""
+def describe_key(key: tuple, symbolic=()) -> str:
+    """'1x16x32, 1x8x32, None' for the tensor leaves and values of a call key; the (leaf, dim) pairs in `symbolic`
+    (a --dynamic file's sizes, `artifact.dynamic.DynamicSpec.shape`) written as '*'."""
+    symbolic = set(symbolic)
     parts = []
-    for leaf in key[1:]:
+    for i, leaf in enumerate(key[1:]):
         if len(leaf) == 4:
-            parts.append("x".join(map(str, leaf[0])) or "scalar")
+            parts.append("x".join("*" if (i, d) in symbolic else str(v) for d, v in enumerate(leaf[0])) or "scalar")
         else:
             parts.append(leaf[1])
     return ", ".join(parts)

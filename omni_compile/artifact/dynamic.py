@@ -110,17 +110,6 @@ class DynamicSpec:
             by_leaf.setdefault(i, {})[d] = torch.export.Dim.AUTO
         return [by_leaf.get(i) for i, leaf in enumerate(key[1:]) if len(leaf) == _TENSOR]
 
-    def describe(self, key: tuple) -> str:
-        """The example call with its symbolic sizes written as '*': '1x8x32, 1x*x32, *x16'."""
-        shape = set(self.shape)
-        parts = []
-        for i, leaf in enumerate(key[1:]):
-            if len(leaf) == _TENSOR:
-                parts.append("x".join("*" if (i, d) in shape else str(v) for d, v in enumerate(leaf[0])) or "scalar")
-            else:
-                parts.append(leaf[1])
-        return ", ".join(parts)
-
 
 def check_symbolic(program, spec: DynamicSpec, key: tuple, region: str) -> None:
     """Every dimension `spec` calls symbolic is symbolic in the exported `program`: export specializes a size the

@@ -87,8 +87,7 @@ class AotCompiler:
         for i, (t, g) in enumerate(jobs, 1):
             rec = records[t.name]
             rel = Path("regions") / t.name / f"{g.sig}{aot.FORMATS[self.format]}"
-            call = g.spec.describe(rec.keys[g.example]) if g.spec else aot.describe_key(rec.keys[g.example])
-            what = f"{t.kind} {t.name} [{call}] ({i}/{len(jobs)})"
+            what = f"{t.kind} {t.name} [{g.describe(rec)}] ({i}/{len(jobs)})"
             try:
                 cf = self._compile_one(build, t, g, tmp, rel, what, warned)
             except Exception as e:
@@ -233,6 +232,10 @@ class FileGroup:
     members: list[str]
     spec: DynamicSpec | None = None
 
+    def describe(self, rec: aot.CallRecord) -> str:
+        """The call it is exported at, readable, its symbolic sizes as '*'."""
+        return aot.describe_key(rec.keys[self.example], self.spec.shape if self.spec else ())
+
 
 def _groups(rec: aot.CallRecord, dynamic: bool) -> list[FileGroup]:
     """One file per recorded call; with `dynamic`, one per family of calls (`artifact.dynamic.families`),
@@ -254,11 +257,9 @@ def _groups(rec: aot.CallRecord, dynamic: bool) -> list[FileGroup]:
 
 def _compile_record(name: str, g: FileGroup, rec: aot.CallRecord, cf: aot.CompiledFile) -> dict[str, Any]:
     """One file's line in the report's region compiles."""
-    key = rec.keys[g.example]
-    call = g.spec.describe(key) if g.spec else aot.describe_key(key)
     return {"region": name, "graph_hash": cf.graph_hash, "seconds": round(cf.seconds, 3), "passes": cf.passes,
             "fused_op_implementations": cf.resolutions, "attention": cf.attention, "signature": g.sig,
-            "call": call, "file": cf.file, "sha256": cf.sha256, "source": cf.source,
+            "call": g.describe(rec), "file": cf.file, "sha256": cf.sha256, "source": cf.source,
             "cache_key": cf.cache_key, "notes": cf.notes}  # fmt: skip
 
 

@@ -73,8 +73,7 @@ def _dynamic_record(session) -> dict[str, Any]:
 def _file_entry(g, rec: aot.CallRecord, cf: aot.CompiledFile) -> dict[str, Any]:
     key = rec.keys[g.example]
     instances = list(dict.fromkeys(p for m in g.members for p in rec.instances[m]))
-    call = g.spec.describe(key) if g.spec else aot.describe_key(key)
-    entry = {"signature": g.sig, "call": call, "key": aot.json_safe(key),
+    entry = {"signature": g.sig, "call": g.describe(rec), "key": aot.json_safe(key),
              "file": cf.file, "sha256": cf.sha256, "graph_hash": cf.graph_hash, "instances": instances,
              "passes": cf.passes, "compile_seconds": round(cf.seconds, 3), "cache_key": cf.cache_key,
              "region_identity": cf.identity, "source": cf.source}  # fmt: skip
