@@ -22,6 +22,10 @@ parent prints one table:
   build-dynamic, dynamic
             as build and artifact for `build --dynamic RANGE` (--dynamic; the workloads' sizes must lie in the
             range): one file per region with symbolic sequence lengths, against the static files of `build`
+  load-profile
+            where "load -> first step ready" goes: the artifact mode's cold load and first step under
+            cProfile (slower than without it), each compiled file's load seconds, and the functions that took
+            the most time (cumulative and own); no step timing
 
 Step latency: median/min/max over --steps calls after --warmup (CUDA events on a GPU). Every output is
 compared (relative L2) with the eager output of the same weights and inputs in the same process.
@@ -43,7 +47,7 @@ from e2e import WORKLOADS as E2E_WORKLOADS
 from e2e import _rel_l2, measure, summary
 
 WORKLOADS = dict(E2E_WORKLOADS, **{"W4-flux-64": ("flux-tiny", "64x64", "fp32", "cpu")})
-MODES = ("build", "artifact", "stock", "omni", "build-dynamic", "dynamic")
+MODES = ("build", "artifact", "stock", "omni", "build-dynamic", "dynamic", "load-profile")
 
 
 def _setup(workloads: list[str], seed: int):
@@ -144,6 +148,8 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
         res["load_breakdown_s"] = dict(installed.seconds)
         installed.uninstall()
         refs = eager_refs()
+    elif mode == "load-profile":
+        res.update(_profile_load(art, model, device, stepper(workloads[0]), sync))
     else:
         raise ValueError(mode)
     for (label, w), out in outs.items():
@@ -151,6 +157,56 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
     if device == "cuda":
         res["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return res
+
+
+def _top(prof, key: str, n: int = 25) -> list[dict]:
+    import pstats
+
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls": ncalls, "own_s": round(tottime, 4),
+                     "cumulative_s": round(cumtime, 4)})  # fmt: skip
+    return sorted(rows, key=lambda r: -r[key])[:n]
+
+
+def _profile_load(art: Path, model, device: str, step, sync) -> dict:
+    """The cold load and first step under cProfile, with each compiled file's load time."""
+    import cProfile
+
+    import omni_compile
+    from omni_compile.artifact import loader
+
+    files: list[dict] = []
+    original = loader.load_package
+
+    def timed(path, *a, **k):
+        t = time.perf_counter()
+        try:
+            return original(path, *a, **k)
+        finally:
+            files.append({"file": "/".join(Path(path).parts[-2:]), "s": round(time.perf_counter() - t, 4)})
+
+    loader.load_package = timed
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    loaded = omni_compile.load(art, weights=model, device=device)
+    sync()
+    prof.disable()
+    load_s = time.perf_counter() - t0
+    loader.load_package = original
+    first_prof = cProfile.Profile()
+    t1 = time.perf_counter()
+    first_prof.enable()
+    step()
+    sync()
+    first_prof.disable()
+    first_s = time.perf_counter() - t1
+    loaded._omni_artifact.uninstall()
+    return {"profiled_load_s": round(load_s, 3), "profiled_first_step_s": round(first_s, 3), "files": files,
+            "load_top_cumulative": _top(prof, "cumulative_s"), "load_top_own": _top(prof, "own_s", 15),
+            "first_step_top_cumulative": _top(first_prof, "cumulative_s"), "first_step_top_own": _top(first_prof, "own_s", 15)}  # fmt: skip
 
 
 def build(workloads: list[str], art: Path, env: dict, timeout: int, dynamic: str | None = None) -> dict:
@@ -278,6 +334,14 @@ def print_table(workloads: list[str], results: list[dict]) -> None:
             print(f"{r['mode']}: model created in {r['init_s']}s (apart); load {r['load_s']}s + first step "
                   f"{r['first_step_s']}s = ready {r['ready_s']}s (load: {r.get('load_breakdown_s')}); compilations {r['compilations']}; "
                   f"packages {r['packages']}; cuda graphs {r.get('cuda_graphs', 'off')}")  # fmt: skip
+        elif r["mode"] == "load-profile" and "profiled_load_s" in r:
+            print(f"load-profile (under cProfile): load {r['profiled_load_s']}s, first step {r['profiled_first_step_s']}s; "
+                  "files " + ", ".join(f"{f['file']} {f['s']}s" for f in r["files"]))  # fmt: skip
+            for part in ("load", "first_step"):
+                print(f"  {part}, most cumulative time: " + "; ".join(
+                    f"{t['function']} {t['cumulative_s']}s" for t in r[f"{part}_top_cumulative"][:12]))  # fmt: skip
+                print(f"  {part}, most own time: " + "; ".join(
+                    f"{t['function']} {t['own_s']}s x{t['calls']}" for t in r[f"{part}_top_own"][:8]))  # fmt: skip
         elif "error" in r:
             print(f"{r['mode']}: ERROR (see stderr / the JSON)")
 

@@ -25,7 +25,11 @@
 #   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs, stock,
 #              omni JIT, build --dynamic (ARTIFACT_MODES, ARTIFACT_WORKLOADS, ARTIFACT_DYNAMIC; ARTIFACT_DIR keeps it)
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
-#   serve      bench/serve.py on the store stage's second-node W1 artifact (start -> /health, per request)
+#   serve      bench/serve.py on SERVE_ART (default: the store stage's second-node W1 artifact): start -> /health,
+#              per request, SERVE_CONCURRENT (32) requests at once; SERVE_ARGS: more options (e.g. --modes server)
+#   video      bench/serve.py on VIDEO_ART (default /tmp/w2art: `ARTIFACT_WORKLOADS=W2 ARTIFACT_DIR=/tmp/w2art` in the
+#              artifact stage before), a Wan artifact served as text-to-video: start -> /health, video jobs of
+#              VIDEO_STEPS (50) steps, MP4 downloaded (needs PyAV: `av` in /tmp/site); VIDEO_ARGS: more options
 #   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
 #   fp8        bench/e2e.py on W1 and W2 (FP8_WORKLOADS): stock, omni, omni/fp8, stock-fp8 (torchao float8 rowwise
 #              on the same Linears), FP8_MODES to change them, FP8_PROFILE the modes profiled; lossy: rel L2 against
@@ -111,8 +115,13 @@ for stage in "$@"; do
       run store 400 python3 -P bench/store.py --model flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
         --store file:///tmp/w1store/store --modes first,second --keep /tmp/w1store --json "$OUT/store.json" ;;
     serve)
-      run serve 300 python3 -P bench/serve.py --artifact /tmp/w1store/second-0 --steps 28 --reps 3 \
-        --json "$OUT/serve.json" ;;
+      # shellcheck disable=SC2086
+      run serve 420 python3 -P bench/serve.py --artifact "${SERVE_ART:-/tmp/w1store/second-0}" --steps 28 --reps 3 \
+        --concurrent "${SERVE_CONCURRENT:-32}" ${SERVE_ARGS:-} --json "$OUT/serve.json" ;;
+    video)
+      # shellcheck disable=SC2086
+      run video 420 python3 -P bench/serve.py --artifact "${VIDEO_ART:-/tmp/w2art}" --steps "${VIDEO_STEPS:-50}" \
+        --reps 1 --warmup 0 --modes server ${VIDEO_ARGS:-} --json "$OUT/video.json" ;;
     fp8)
       for w in ${FP8_WORKLOADS:-W1 W2}; do
         run "fp8_$w" 400 python3 -P bench/e2e.py --workloads "$w" --modes "${FP8_MODES:-stock,omni,omni/fp8,stock-fp8}" \
@@ -134,7 +143,7 @@ done
 for f in "$OUT"/*.log; do [ -s "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done > "$OUT/stderr.txt"
 rm -f "$OUT"/*.log
 echo "=== tables ==="
-for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan fp8_W1 fp8_W2 step_cache artifact store serve inspect; do
+for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan fp8_W1 fp8_W2 step_cache artifact store serve video inspect; do
   [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
 done
 grep -hE "Traceback|Error|error:" "$OUT/stderr.txt" 2>/dev/null | sort | uniq -c | sort -rn | head -8
