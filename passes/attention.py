@@ -37,7 +37,7 @@ from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_f
 from omni_compile.attention.backends.base import seqused_attention
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
-from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source, size_hint
+from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source, known_size, size_hint
 from omni_compile.passes.lower_fused_ops import fake_trace, functional_trace, record_resolution, splice_body
 from omni_compile.platform import Platform
 
@@ -264,6 +264,12 @@ class AttentionPass(OmniPass):
         kw = normalized.kwargs if normalized is not None else {}
         q, k, v = kw.get("query"), kw.get("key"), kw.get("value")
         if not all(isinstance(t, torch.fx.Node) for t in (q, k, v)):
+            return 0
+        if not all(known_size(d) for t in (q, k, v) for d in t.meta["val"].shape):
+            # e.g. the tokens a mask keeps, gathered by nonzero: no backend can be chosen or measured for a length
+            # known only when the graph runs
+            why = "a sequence length that depends on the data (nonzero, a mask's count): left to torch"
+            record_resolution(self.resolutions, self.role_of(_module_path(node)), "TORCH_SDPA", why)
             return 0
         mask = kw.get("attn_mask", kw.get("attn_bias"))
         if isinstance(mask, torch.fx.Node):

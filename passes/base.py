@@ -54,6 +54,12 @@ def _trace_like_post_grad(fn, args, **kwargs):
     return gm
 
 
+def known_size(d) -> bool:
+    """Whether a size has a value at compile time: an int, or a symbolic size with an example value. A size that
+    depends on data (the count of `nonzero`, of a mask's true entries) has none until the graph runs."""
+    return not isinstance(d, torch.SymInt) or d.node.hint is not None
+
+
 def size_hint(d) -> int:
     """A size as an int without specializing it: a symbolic size (a `--dynamic` build's sequence length) gives the
     example's value, for choices that need a number (a backend's shape class, a block size), never for shapes

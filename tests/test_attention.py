@@ -734,6 +734,60 @@ def test_fa3_runs_masked_attention_in_compiled_regions(fa3_stub, monkeypatch, fr
     assert float((out.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
 
 
+class _GatheredBlock(torch.nn.Module):
+    """Attention over the image tokens and only the text tokens a mask keeps, gathered with nonzero (as
+    diffusers' MochiAttnProcessor2_0 does): the sequence length is known only when the graph runs."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.qkv, self.o = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.heads = heads
+
+    def forward(self, x, text, keep):
+        kept = text[:, torch.nonzero(keep.flatten(), as_tuple=False).flatten()]
+        seq = torch.cat([x, kept], dim=1)
+        b, s, d = seq.shape
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(seq).chunk(3, dim=-1))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(a.transpose(1, 2).reshape(b, s, d))[:, : x.shape[1]] + x
+
+
+class _GatheredModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_GatheredBlock(), _GatheredBlock()])
+
+    def forward(self, x, text, keep):
+        for block in self.blocks:
+            x = block(x, text, keep)
+        return x
+
+
+@pytest.mark.compile
+def test_attention_over_a_data_dependent_length_is_left_to_torch(fresh_dynamo, no_inductor_cache):
+    """An SDPA call whose sequence length comes from nonzero has no length to choose a backend for: the pass leaves
+    it to torch with that reason (it raised "size u0 + 32 has no example value" on MochiTransformer3DModel), and the
+    compiled model matches eager for another count of kept tokens too."""
+    import omni_compile
+
+    torch.manual_seed(0)
+    model = _GatheredModel().eval()
+    x, text = torch.randn(1, 16, 32), torch.randn(1, 8, 32)
+    keep = torch.tensor([[True, True, False, True, False, False, True, False]])
+    fewer = keep.clone()
+    fewer[0, 0] = False
+    with torch.no_grad():
+        refs = [model(x, text, keep), model(x, text, fewer)]
+    omni_compile.compile(model, {"passes": ["none", "+attention"]})
+    with torch.no_grad():
+        outs = [model(x, text, keep), model(x, text, fewer)]
+    (rec,) = omni_compile.compile_state(model).records
+    assert rec.passes["attention"] == 0
+    assert rec.attention["generic.attn"]["implementation"] == "TORCH_SDPA", rec.attention
+    assert "depends on the data" in json.dumps(rec.attention), rec.attention
+    assert [rel_l2(o, r) < 1e-5 for o, r in zip(outs, refs, strict=True)] == [True, True]
+
+
 def _mask_graph(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
 
