@@ -32,6 +32,8 @@ Inductor computes the unfused chain.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch._inductor.pattern_matcher import Match
@@ -45,35 +47,49 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SCALE = ("scale",)
 
 
-def flux_adaln(x, scale, shift, eps):
-    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale) + shift
+def search_forms(first: bool) -> dict[str, Callable]:
+    """The search functions of the forms, with the modulation written `norm * (1 + scale)` or, `first`,
+    `(1 + scale) * norm` (Flux2 writes it so): ATen keeps the operand order a model wrote, and a pattern matches
+    one order."""
 
+    def mod(norm, factor):
+        return factor * norm if first else norm * factor
 
-def wan_adaln(x, scale, shift, eps):
-    return (F.layer_norm(x.float(), (x.shape[-1],), eps=eps) * (1 + scale) + shift).type_as(x)
+    def flux_adaln(x, scale, shift, eps):
+        return mod(F.layer_norm(x, (x.shape[-1],), eps=eps), 1 + scale) + shift
 
+    def wan_adaln(x, scale, shift, eps):
+        return (mod(F.layer_norm(x.float(), (x.shape[-1],), eps=eps), 1 + scale) + shift).type_as(x)
 
-def layer_scale_only(x, scale, eps):
-    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale)
+    def layer_scale_only(x, scale, eps):
+        return mod(F.layer_norm(x, (x.shape[-1],), eps=eps), 1 + scale)
 
+    def flux_adaln_2d(x, scale, shift, eps):
+        # [B, D] conditioning broadcast after the `1 +`: `norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]`
+        # (diffusers' AdaLayerNormContinuous, SD3's last context norm)
+        return mod(F.layer_norm(x, (x.shape[-1],), eps=eps), (1 + scale).unsqueeze(1)) + shift.unsqueeze(1)
 
-def flux_adaln_2d(x, scale, shift, eps):
-    # [B, D] conditioning broadcast after the `1 +`: `norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]`
-    # (diffusers' AdaLayerNormContinuous, SD3's last context norm)
-    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale).unsqueeze(1) + shift.unsqueeze(1)
+    def rms_adaln(x, scale, shift, eps):
+        # The RMSNorm without weight as the rms_norm pass leaves it: one op, in x's dtype.
+        return mod(torch.ops.omni_compile.rms_norm(x, None, eps, False), 1 + scale) + shift
+
+    def rms_scale_only(x, scale, eps):
+        return mod(torch.ops.omni_compile.rms_norm(x, None, eps, False), 1 + scale)
+
+    def layer_affine_adaln(x, weight, bias, scale, shift, eps):
+        return mod(F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps), 1 + scale) + shift
+
+    def layer_affine_adaln_2d(x, weight, bias, scale, shift, eps):
+        # CogVideoX: `norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]`
+        norm = F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps)
+        return mod(norm, (1 + scale).unsqueeze(1)) + shift.unsqueeze(1)
+
+    return {f.__name__: f for f in (flux_adaln, wan_adaln, layer_scale_only, flux_adaln_2d, rms_adaln, rms_scale_only,
+                                    layer_affine_adaln, layer_affine_adaln_2d)}  # fmt: skip
 
 
 def fused_adaln_2d(x, scale, shift, eps):
     return torch.ops.omni_compile.adaln(x, scale.unsqueeze(1), shift.unsqueeze(1), eps, "layer", True)
-
-
-def rms_adaln(x, scale, shift, eps):
-    # The RMSNorm without weight as the rms_norm pass leaves it: one op, in x's dtype.
-    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * (1 + scale) + shift
-
-
-def rms_scale_only(x, scale, eps):
-    return torch.ops.omni_compile.rms_norm(x, None, eps, False) * (1 + scale)
 
 
 def fused_layer_scale_only(x, scale, eps):
@@ -96,15 +112,6 @@ def fused_adaln(x, scale, shift, eps):
     return torch.ops.omni_compile.adaln(x, scale, shift, eps, "layer", False)
 
 
-def layer_affine_adaln(x, weight, bias, scale, shift, eps):
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps) * (1 + scale) + shift
-
-
-def layer_affine_adaln_2d(x, weight, bias, scale, shift, eps):
-    # CogVideoX: `norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]`
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps) * (1 + scale).unsqueeze(1) + shift.unsqueeze(1)
-
-
 def fused_layer_affine(x, weight, bias, scale, shift, eps):
     return torch.ops.omni_compile.adaln(x, scale, shift, eps, "layer", True, weight, bias, False)
 
@@ -114,21 +121,24 @@ def fused_layer_affine_2d(x, weight, bias, scale, shift, eps):
                                         False)  # fmt: skip
 
 
-def rms_weight_forms(cbw: bool) -> list:
+def rms_weight_forms(cbw: bool, first: bool = False) -> list:
     """(pattern, replacement, which) of an RMSNorm with a weight, then the modulation (Lumina2), for the norm's
     rounding flag: diffusers' cast before the weight in half precision, the torch flag in fp32 (where the rms_norm
     pass folds diffusers' separate weight multiply into the op: all fp32, the same values). torch's
-    re-check of a candidate compares that literal: one registration per flag."""
+    re-check of a candidate compares that literal: one registration per flag. `first`: `(1 + scale) * norm`."""
+
+    def mod(norm, factor):
+        return factor * norm if first else norm * factor
 
     def rms_weight_adaln(x, weight, scale, shift, eps):
-        return torch.ops.omni_compile.rms_norm(x, weight, eps, cbw) * (1 + scale) + shift
+        return mod(torch.ops.omni_compile.rms_norm(x, weight, eps, cbw), 1 + scale) + shift
 
     def rms_weight_scale_only(x, weight, scale, eps):
-        return torch.ops.omni_compile.rms_norm(x, weight, eps, cbw) * (1 + scale)
+        return mod(torch.ops.omni_compile.rms_norm(x, weight, eps, cbw), 1 + scale)
 
     def rms_weight_scale_only_2d(x, weight, scale, eps):
         # Lumina2: `norm(x) * (1 + scale[:, None])` (the unsqueeze before the `1 +`)
-        return torch.ops.omni_compile.rms_norm(x, weight, eps, cbw) * (1 + scale.unsqueeze(1))
+        return mod(torch.ops.omni_compile.rms_norm(x, weight, eps, cbw), 1 + scale.unsqueeze(1))
 
     def fused_rms_weight_adaln(x, weight, scale, shift, eps):
         return torch.ops.omni_compile.adaln(x, scale, shift, eps, "rms", True, weight, None, cbw)
@@ -213,33 +223,39 @@ class AdaLNPass(PatternPass):
     name = "adaln"
 
     def register_patterns(self) -> None:
+        for first in (False, True):
+            self._register_forms(search_forms(first), first)
+
+    def _register_forms(self, f: dict[str, Callable], first: bool) -> None:
         eps = {"eps": 1e-6}
         for x_dtype in (torch.float32, torch.bfloat16):
             x = torch.empty(2, 4, 8, dtype=x_dtype)
             mod = torch.empty(2, 1, 8, dtype=x_dtype)
             mod32 = torch.empty(2, 1, 8)
-            self.register(flux_adaln, fused_adaln_rounded, [x, mod, mod.clone(), 1e-6], _check(x_dtype, False), eps)
-            self.register(layer_scale_only, fused_layer_scale_only, [x, mod, 1e-6], _check(x_dtype, False, SCALE), eps)
+            self.register(f["flux_adaln"], fused_adaln_rounded, [x, mod, mod.clone(), 1e-6], _check(x_dtype, False), eps)
+            self.register(f["layer_scale_only"], fused_layer_scale_only, [x, mod, 1e-6], _check(x_dtype, False, SCALE),
+                          eps)  # fmt: skip
             mod2 = torch.empty(2, 8, dtype=x_dtype)
             check = _check(x_dtype, False, rank=2)
-            self.register(flux_adaln_2d, fused_adaln_2d, [x, mod2, mod2.clone(), 1e-6], check, eps)
+            self.register(f["flux_adaln_2d"], fused_adaln_2d, [x, mod2, mod2.clone(), 1e-6], check, eps)
             if x_dtype != torch.float32:
-                self.register(wan_adaln, fused_adaln, [x, mod32, mod32.clone(), 1e-6], _check(x_dtype, True), eps)
+                self.register(f["wan_adaln"], fused_adaln, [x, mod32, mod32.clone(), 1e-6], _check(x_dtype, True), eps)
             # a LayerNorm with weight and bias, then the modulation (CogVideoX)
             w, b = torch.empty(8, dtype=x_dtype), torch.empty(8, dtype=x_dtype)
             check = _check(x_dtype, False, affine=True)
-            self.register(layer_affine_adaln, fused_layer_affine, [x, w, b, mod, mod.clone(), 1e-6], check, eps)
+            self.register(f["layer_affine_adaln"], fused_layer_affine, [x, w, b, mod, mod.clone(), 1e-6], check, eps)
             check = _check(x_dtype, False, rank=2, affine=True)
-            self.register(layer_affine_adaln_2d, fused_layer_affine_2d, [x, w, b, mod2, mod2.clone(), 1e-6], check, eps)
+            self.register(f["layer_affine_adaln_2d"], fused_layer_affine_2d, [x, w, b, mod2, mod2.clone(), 1e-6], check,
+                          eps)  # fmt: skip
         # RMSNorm forms (LTX-Video's norm1/norm2, Mochi's, ...): the rms_norm pass has made the norm an op, so
         # the chain has no casts and one registration serves every dtype.
         x, mod = torch.empty(2, 4, 8), torch.empty(2, 1, 8)
-        self.register(rms_adaln, fused_rms_adaln, [x, mod, mod.clone(), 1e-6], _check(None, False), eps)
-        self.register(rms_scale_only, fused_rms_scale_only, [x, mod, 1e-6], _check(None, False, SCALE), eps)
+        self.register(f["rms_adaln"], fused_rms_adaln, [x, mod, mod.clone(), 1e-6], _check(None, False), eps)
+        self.register(f["rms_scale_only"], fused_rms_scale_only, [x, mod, 1e-6], _check(None, False, SCALE), eps)
         # an RMSNorm with a weight, then the modulation (Lumina2): diffusers' rounding, or all fp32
         w, mod2 = torch.empty(8), torch.empty(2, 8)
         for cbw in (True, False):
-            for search, replace, which in rms_weight_forms(cbw):
+            for search, replace, which in rms_weight_forms(cbw, first):
                 names, rank = {"shift": (("scale", "shift"), 3), "scale": (SCALE, 3), "scale-2d": (SCALE, 2)}[which]
                 example = {"shift": [x, w, mod, mod.clone(), 1e-6], "scale": [x, w, mod, 1e-6],
                            "scale-2d": [x, w, mod2, 1e-6]}[which]  # fmt: skip

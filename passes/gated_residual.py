@@ -3,7 +3,8 @@
 Matches the forms the models write, for fp32/bf16/fp16 activations and a gate in the activation
 dtype or fp32:
 
-    FLUX:       x + gate * y                                  (gate [B, 1, D], all in x's dtype)
+    FLUX:       x + gate * y                                  (gate [B, 1, D], all in x's dtype), and the
+                x + y * gate, gate * y + x, y * gate + x      other operand orders (HiDream: gate * y + x)
     Wan attn:   (x.float() + y * gate).type_as(x)             (fp32 gate)
     Wan FFN:    (x.float() + y.float() * gate).type_as(x)
 
@@ -28,6 +29,14 @@ def flux_gated(x, gate, y):
 
 def flux_gated_swapped(x, gate, y):
     return x + y * gate
+
+
+def gated_first(x, gate, y):
+    return gate * y + x
+
+
+def gated_first_swapped(x, gate, y):
+    return y * gate + x
 
 
 def wan_gated_attn(x, gate, y):
@@ -70,7 +79,9 @@ class GatedResidualPass(PatternPass):
     def register_patterns(self) -> None:
         same = {(d, d, d) for d in DTYPES}
         x = torch.empty(2, 4, 8)
-        for fn in (flux_gated, flux_gated_swapped):
+        # ATen keeps the operand order the model wrote, and a pattern matches one order: every order of the
+        # product and the sum
+        for fn in (flux_gated, flux_gated_swapped, gated_first, gated_first_swapped):
             self.register(fn, fused_gated, [x, torch.empty(2, 1, 8), x.clone()], _check(same))
         # The casts' dtype literals are ignored when patterns are compared: one registration per form
         # serves bf16 and fp16.

@@ -58,6 +58,18 @@ def _forms(dtype=torch.float32):
                        lambda x, a, b: rms64(x, 1e-6) * wd * (1 + a.double()) + b.double(), "3d"),
         "rms-weight-scale-only-2d": (lambda x, a, b: rms_w(x) * (1 + a[:, None]),
                                      lambda x, a, b: rms64(x, 1e-6) * wd * (1 + a.double()[:, None]), "2d"),
+        # the factor first, `(1 + scale) * norm(x)` (Flux2 writes it so)
+        "layer-factor-first": (lambda x, a, b: (1 + a) * ln(x) + b,
+                               lambda x, a, b: (1 + a.double()) * ln64(x, 1e-6) + b.double(), "3d"),
+        "layer-continuous-factor-first": (lambda x, a, b: (1 + a)[:, None, :] * ln(x) + b[:, None, :],
+                                          lambda x, a, b: ln64(x, 1e-6) * (1 + a.double())[:, None] + b.double()[:, None],
+                                          "2d"),
+        "rms-scale-only-factor-first": (lambda x, a, b: (1 + a) * rms(x),
+                                        lambda x, a, b: rms64(x, 1e-6) * (1 + a.double()), "3d"),
+        "layer-affine-factor-first": (lambda x, a, b: (1 + a) * ln_affine(x) + b,
+                                      lambda x, a, b: (ln64(x, 1e-6) * wd + bd) * (1 + a.double()) + b.double(), "3d"),
+        "rms-weight-factor-first": (lambda x, a, b: (1 + a) * rms_w(x) + b,
+                                    lambda x, a, b: rms64(x, 1e-6) * wd * (1 + a.double()) + b.double(), "3d"),
     }  # fmt: skip
 
 

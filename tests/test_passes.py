@@ -338,3 +338,17 @@ def test_checks_reject_matches_whose_arguments_are_literals():
     for kwargs in ({}, {"x": 1.0, "y": 0.5, "gate": 2.0, "scale": 1.0, "shift": 0.0, "weight": 1.0, "eps": 1e-6}):
         for check in checks:
             assert check(SimpleNamespace(kwargs=kwargs, nodes=[])) is False
+
+
+@pytest.mark.parametrize("form", ["x + gate * y", "x + y * gate", "gate * y + x", "y * gate + x"])
+def test_gated_residual_in_every_operand_order(form):
+    """ATen keeps the order a model wrote (HiDream writes `gate * y + x`); each is one gated_residual, exact in fp32."""
+    fn = {"x + gate * y": lambda x, g, y: x + g * y, "x + y * gate": lambda x, g, y: x + y * g,
+          "gate * y + x": lambda x, g, y: g * y + x, "y * gate + x": lambda x, g, y: y * g + x}[form]  # fmt: skip
+    x, gate, y = torch.randn(2, 5, 16), torch.randn(2, 1, 16), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, gate, y)
+        log = run_passes(gm, CompileConfig(passes=["+gated_residual", "-lower_fused_ops"]))
+        assert fired(log).get("gated_residual") == 1, fired(log)
+        assert "omni_compile.gated_residual.default" in targets(gm)
+        assert torch.allclose(gm(x, gate, y), x + gate * y, rtol=1e-6, atol=1e-6)
