@@ -9,12 +9,14 @@ class that differ in structure (a block built with another config) form separate
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import inspect
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torch import nn
 
@@ -52,6 +54,44 @@ def _class_source_hash(cls: type) -> str:
     return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
+@functools.cache
+def _names_read_in(path: str | None) -> frozenset[str] | None:
+    """Every name a Python source file reads as an attribute (`x.NAME`) or spells as a string (`getattr(x, "NAME")`);
+    None when the file cannot be read or parsed (then nothing is known to be unread)."""
+    if path is None:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)
+    return frozenset(names)
+
+
+def _attributes_read(module: nn.Module) -> frozenset[str] | None:
+    """The attribute names the code of `module` could read: those read anywhere in the source files of its classes
+    (torch's Module aside) and of its attention processor's. None: a file could not be read (assume all are)."""
+    classes = [c for c in type(module).__mro__ if c not in (nn.Module, object)]
+    processor = getattr(module, "processor", None)
+    if processor is not None:
+        classes += [c for c in type(processor).__mro__ if c is not object]
+    names: set[str] = set()
+    for cls in classes:
+        try:
+            read = _names_read_in(inspect.getsourcefile(cls))
+        except TypeError:  # a built-in class
+            read = None
+        if read is None:
+            return None
+        names |= read
+    return frozenset(names)
+
+
 def structure_signature(module: nn.Module) -> list:
     """Everything about a block that its traced graph depends on, except the tensor values."""
     sig = []
@@ -59,11 +99,16 @@ def structure_signature(module: nn.Module) -> list:
         entry = [path, f"{type(sub).__module__}.{type(sub).__qualname__}", _class_source_hash(type(sub))]
         for name, t in list(sub.named_parameters(recurse=False)) + list(sub.named_buffers(recurse=False)):
             entry.append([name, list(t.shape), str(t.dtype), t.device.type])
-        # Plain attributes steer control flow inside forward (eps, heads, flags); include the simple ones.
+        # Plain attributes steer control flow inside forward (eps, heads, flags); include the simple ones that its code
+        # reads. One that no code of its classes reads (a block's index kept for logging, as Z-Image's `layer_id`)
+        # cannot change the graph, and would make every instance a region of its own.
+        read = _attributes_read(sub)
         attrs = {
             k: v
             for k, v in vars(sub).items()
-            if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))
+            if not k.startswith("_")
+            and isinstance(v, (bool, int, float, str, tuple, type(None)))
+            and (read is None or k in read)
         }
         entry.append(sorted((k, repr(v)) for k, v in attrs.items()))
         procs = getattr(sub, "processor", None)

@@ -40,6 +40,42 @@ def test_instances_that_differ_in_structure_become_separate_regions():
     ]
 
 
+class _Indexed(torch.nn.Module):
+    """A block that keeps its index in the model (for logs, never read) and a scale its forward reads."""
+
+    def __init__(self, index: int, scale: float = 1.0):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.position_in_model = index
+        self.scale = scale
+
+    def forward(self, x):
+        return self.proj(x) * self.scale
+
+
+class _IndexedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Indexed(i) for i in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_an_attribute_no_code_reads_does_not_split_a_region():
+    """Z-Image's blocks keep their index (`layer_id`), which no code reads: one region, not one per block. An
+    attribute the forward reads still splits them."""
+    model = _IndexedModel()
+    assert [(r.name, r.paths) for r in find_regions(model)] == [("_Indexed", ["blocks.0", "blocks.1", "blocks.2"])]
+    model.blocks[2].scale = 2.0
+    assert [(r.name, r.paths) for r in find_regions(model)] == [
+        ("_Indexed#1", ["blocks.0", "blocks.1"]),
+        ("_Indexed#2", ["blocks.2"]),
+    ]
+
+
 def test_region_errors():
     with pytest.raises(OmniCompileError, match="found no repeated blocks in Linear"):
         find_regions(torch.nn.Linear(2, 2))
