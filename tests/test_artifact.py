@@ -403,3 +403,20 @@ def test_not_an_artifact(tmp_path, subprocess_env):
     assert_user_error(cli("verify", str(tmp_path), env=subprocess_env), "no manifest.json; not an omni-compile artifact")
     assert_user_error(cli("build", "--mode", "aot", "--cache-from", str(tmp_path), "--out", str(tmp_path / "o"),
                           env=subprocess_env), "--cache-from warm-starts a JIT build; use it with --mode jit")  # fmt: skip
+
+
+def test_bucket_output_of_each_output_form():
+    """What the parity checks compare: the sample of a tuple or an output object; a list of tensors (one per image,
+    as ZImageTransformer2DModel returns) as their values concatenated; anything else is refused, named."""
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    from omni_compile.artifact.parity import bucket_output
+
+    t = torch.arange(6.0).view(2, 3)
+    assert bucket_output((t,)) is t and bucket_output(Transformer2DModelOutput(sample=t)) is t and bucket_output(t) is t
+    per_image = [torch.ones(2, 2), torch.zeros(3)]
+    expected = torch.tensor([1.0, 1, 1, 1, 0, 0, 0])
+    assert torch.equal(bucket_output(Transformer2DModelOutput(sample=per_image)), expected)
+    assert torch.equal(bucket_output((per_image,)), expected)
+    with pytest.raises(TypeError, match="output sample is a list of int, str; omni-compile compares a tensor or a list"):
+        bucket_output(([1, "a"],))
