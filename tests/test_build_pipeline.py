@@ -12,6 +12,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from omni_compile.artifact.aot import Target
 from omni_compile.build.compilers import COMPILERS, select
@@ -181,3 +182,23 @@ def test_both_modes_write_one_report_schema(flux_jit_build, flux_artifact):
         == {"aot_compiles": n, "region_exports": n, "region_compiles": n, "cache_hits": 0}  # fmt: skip
     assert aot["passes"]["matches"] == manifest["fusion"]["matches"]
     assert jit["compilations"]["region_compiles"] == 2 and jit["compilations"]["aot_compiles"] == 0
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x):
+        counts = torch.bincount(x.int().flatten()).cpu().numpy()  # what export cannot trace (HiDream's MoE routing)
+        return x * float(counts[0])
+
+
+def test_a_region_that_does_not_trace_is_named_with_the_models_line():
+    """An ahead-of-time compile error names the line of the model's code it came from (HiDream's MoE routing read
+    `.numpy()` of a tensor, and the build said only ".numpy() is not supported for tensor subclasses")."""
+    import inspect
+
+    from omni_compile.build.compilers.aot import model_frame
+
+    with pytest.raises(Exception) as e:  # noqa: PT011 - torch's error type for this varies between releases
+        torch.export.export(_DataDependent(), (torch.ones(4),), strict=False)
+    line = inspect.getsourcelines(_DataDependent.forward)[1] + 1
+    assert model_frame(e.value) == f"test_build_pipeline.py:{line} (forward)"
+    assert model_frame(ValueError("raised here, no traceback")) is None

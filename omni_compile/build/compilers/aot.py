@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,10 @@ class AotCompiler:
                 cf = self._compile_one(build, t, g, tmp, rel, what, warned)
             except Exception as e:
                 which = f"region {t.name}" if t.kind == "block" else f"the glue module {t.name!r}"
-                raise OmniCompileError(f"ahead-of-time compile of {which} failed: {type(e).__name__}: {e}") from e
+                where = model_frame(e)
+                raise OmniCompileError(f"ahead-of-time compile of {which} failed"
+                                       + (f" in the model's code at {where}" if where else "")
+                                       + f": {type(e).__name__}: {e}") from e  # fmt: skip
             cf.file = str(rel)
             self.compiled[(t.name, g.sig)] = cf
             logger.info("compiled %s@%s in %.2fs", t.name, g.sig, cf.seconds)
@@ -205,6 +209,26 @@ class AotCompiler:
 
     def result(self, build, report: dict[str, Any]) -> dict[str, Any]:
         return self.manifest
+
+
+def model_frame(exc: BaseException) -> str | None:
+    """Where in the model's own code (not torch's, not ours, not Python's) an error from tracing it was raised, as
+    `file.py:LINE (function)`: the line a user changes (a `.numpy()` or `.tolist()` of a tensor that export cannot
+    trace, say). None when no frame of the traceback is the model's."""
+    import sys
+    import sysconfig
+
+    skip = {Path(sysconfig.get_paths()["stdlib"])}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in ("torch", "omni_compile", "sympy", "numpy", "triton") and getattr(module, "__file__", None):
+            skip.add(Path(module.__file__).parent)
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if frame.filename.startswith("<") or any(path.is_relative_to(d) for d in skip):
+            continue
+        found = f"{path.name}:{frame.lineno} ({frame.name})"
+    return found
 
 
 @register
