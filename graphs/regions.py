@@ -1,7 +1,8 @@
 """Find the regions of a model: its repeated block classes, grouped by structure.
 
 A region is one block class whose instances share structure: the same module tree, the same
-parameter names, shapes and dtypes, and the same source code. It is traced once per shape bucket
+parameter names, shapes and dtypes, the same source code, and the same plain attributes (eps, heads, flags)
+where the code of their classes reads them (an attribute no code reads, a block's index, does not count). It is traced once per shape bucket
 with its parameters as graph inputs, so one compiled graph serves every instance. Instances of one
 class that differ in structure (a block built with another config) form separate regions,
 `Class#1`, `Class#2`, and the discovery says so.
