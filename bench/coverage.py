@@ -3,6 +3,7 @@
     python bench/coverage.py                       # every model, a table on stdout
     python bench/coverage.py --only sd3,pixart     # some of them
     python bench/coverage.py --write               # also docs/data/coverage.json and the table in docs/passes.md
+    python bench/coverage.py --only sd3 --write    # only those models' rows written again, the others kept
     python bench/coverage.py --fast                # no lowering: seconds a model (the CPU tests' mode)
 
 For each model (FLUX and Wan presets, and diffusers classes omni-compile has no adapter for, with the tiny
@@ -45,8 +46,16 @@ NOTES: dict[tuple[str, str], str] = {
 # other models the norm (rms_norm) and the rotation (complex_mul's, where the model writes it as a complex product
 # of [S, D/2] tables) are compiled by Inductor as they are.
 QK_ROPE_NOTE = "norm and rotation compiled apart (complex [S, D/2] tables)"
-for _name in ("qwen-image", "lumina2"):
+for _name in ("qwen-image", "lumina2", "zimage"):
     NOTES[(_name, "qk_norm_rope")] = QK_ROPE_NOTE
+NOTES.update({
+    ("cosmos", "qk_norm_rope"): "norm and rotation compiled apart (rotate-half RoPE: the kernel reads pairs, not halves)",
+    ("mochi", "qk_norm_rope"): "norm and rotation compiled apart (its own interleaved form, x[..., 0::2] and stack)",
+    ("cogview4", "qk_norm_rope"): "its QK-norm is a LayerNorm (the kernel fuses an RMSNorm)",
+    ("hunyuan-dit", "qk_norm_rope"): "its QK-norm is a LayerNorm (the kernel fuses an RMSNorm)",
+    ("hunyuan-dit", "adaln"): "shift-only modulation, norm(x) + shift (no scale)",
+    ("mochi", "attention"): "the census counts none: MochiAttention is no diffusers Attention module (it calls SDPA)",
+})  # fmt: skip
 
 
 def models() -> dict[str, tuple]:
@@ -75,6 +84,12 @@ KINDS = {
     "stable-audio": "audio",
     "lumina2": "image, single-stream",
     "auraflow": "image, MMDiT + single-stream",
+    "mochi": "video, joint text+video (asymmetric)",
+    "cosmos": "video, self + cross attention",
+    "cogview4": "image, single-stream over text + image",
+    "hunyuan-dit": "image, U-ViT long skips, self + cross attention",
+    "flux2": "image, MMDiT + single-stream",
+    "zimage": "image, single-stream (refiners)",
 }
 
 
@@ -192,6 +207,7 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
     import torch
 
     import omni_compile
+    from omni_compile.artifact.parity import bucket_output
     from omni_compile.config import CompileConfig, ShapeBucket
     from omni_compile.models import resolve_model
     from omni_compile.passes import cat_gemm, gemm_gelu
@@ -203,7 +219,7 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
     inputs = spec.adapter.example_inputs(model, bucket, dtype=torch.float32, device="cpu", text_len=spec.text_len,
                                          seed=1)  # fmt: skip
     with torch.no_grad(), modulated_norms(model) as modulations:
-        ref_out = model(**inputs)[0]
+        ref_out = bucket_output(model(**inputs))
     lifted = (gemm_gelu._gelu_is_tanh_on, gemm_gelu.GemmGeluPass.is_applicable, cat_gemm.CatGemmPass.is_applicable)
     gemm_gelu._gelu_is_tanh_on = lambda device: True
     gemm_gelu.GemmGeluPass.is_applicable = cat_gemm.CatGemmPass.is_applicable = lambda self, platform, config: True
@@ -212,7 +228,7 @@ def measure(name: str, ref: str, config: dict, inputs_ref: str | None, shape: st
         omni_compile.compile(model, CompileConfig(passes=["+gated_residual"]), regions=spec.block_names(model),
                              adapter=spec.adapter)  # fmt: skip
         with torch.no_grad(), (passes_only() if fast else contextlib.nullcontext()):
-            out = model(**inputs)[0]
+            out = bucket_output(model(**inputs))
     finally:
         gemm_gelu._gelu_is_tanh_on, gemm_gelu.GemmGeluPass.is_applicable, cat_gemm.CatGemmPass.is_applicable = lifted
     seconds = time.perf_counter() - t0
@@ -317,7 +333,8 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma list of model names")
-    ap.add_argument("--write", action="store_true", help="write docs/data/coverage.json and the docs/passes.md table")
+    ap.add_argument("--write", action="store_true", help="write docs/data/coverage.json and the docs/passes.md table "
+                    "(with --only: those models' rows, the others kept)")
     ap.add_argument("--fast", action="store_true", help="our passes inside Inductor's post-grad passes, no lowering "
                     "(seconds a model; what the tests run)")
     ap.add_argument("--artifacts", action="store_true", help="instead: the CLI round trip (build module:Class, verify, "
@@ -328,7 +345,7 @@ def main() -> int:
     if args.only:
         todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
     if args.artifacts:
-        return _artifacts_main(todo, args.write)
+        return _artifacts_main(todo, args.write, merge=bool(args.only))
     rows = []
     for name, (ref, config, inputs_ref, shape, kind) in todo.items():
         print(f"# {name}: {ref} at {shape}", file=sys.stderr, flush=True)
@@ -344,8 +361,18 @@ def main() -> int:
         if "error" in r:
             print(f"{r['model']}: {r['error']}")
     if args.write:
-        _write("coverage", rows, table(ok))
+        rows = _merged("coverage", rows) if args.only else rows
+        _write("coverage", rows, table([r for r in rows if "error" not in r]))
     return 1 if len(ok) < len(rows) else 0
+
+
+def _merged(name: str, rows: list[dict]) -> list[dict]:
+    """docs/data/NAME.json's rows with `rows` in place of those of the same model (new ones last): --only with
+    --write updates some models' rows and keeps the others'."""
+    path = ROOT / "docs" / "data" / f"{name}.json"
+    old = json.loads(path.read_text()) if path.exists() else []
+    new = {r["model"]: r for r in rows}
+    return [new.pop(r["model"], r) for r in old] + list(new.values())
 
 
 def _write(name: str, rows: list[dict], markdown: str) -> None:
@@ -358,7 +385,7 @@ def _write(name: str, rows: list[dict], markdown: str) -> None:
         doc.write_text(text[: text.index(start) + len(start)] + "\n" + markdown + "\n" + text[text.index(end):])
 
 
-def _artifacts_main(todo: dict, write: bool) -> int:
+def _artifacts_main(todo: dict, write: bool, merge: bool = False) -> int:
     import tempfile
 
     rows = []
@@ -370,6 +397,7 @@ def _artifacts_main(todo: dict, write: bool) -> int:
             rows.append(artifact_round_trip(name, ref, config, inputs_ref, shape, Path(tmp) / name))
     print(artifact_table(rows))
     if write:
+        rows = _merged("coverage_artifacts", rows) if merge else rows
         _write("coverage_artifacts", rows, artifact_table(rows))
     return 0 if all(v["ok"] for r in rows for v in r["steps"].values()) else 1
 

@@ -343,6 +343,237 @@ def auraflow_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
     }
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Mochi (video; joint text+video attention, RMSNorm-zero modulation, per-sample masked SDPA loop)
+
+MOCHI_TINY = dict(
+    patch_size=2,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=2,  # the last block is context_pre_only
+    pooled_projection_dim=16,  # the text stream's width inside the blocks
+    in_channels=4,
+    text_embed_dim=32,  # divisible by the pooler's 8 heads
+    time_embed_dim=32,
+)
+
+
+def mochi_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """Mochi: latents [B, C, F, H/8, W/8], F = (frames - 1) // 6 + 1; T5 states + mask; timestep in [0, 1000)."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    h, w = bucket.height // 8, bucket.width // 8
+    f = (bucket.frames - 1) // 6 + 1 if bucket.frames else 1
+    t = text_len or 8
+    b = bucket.batch
+    return {
+        "hidden_states": torch.randn(b, cfg.in_channels, f, h, w, generator=g).to(device, dtype),
+        "encoder_hidden_states": torch.randn(b, t, cfg.text_embed_dim, generator=g).to(device, dtype),
+        "timestep": torch.full((b,), 500.0).to(device, dtype),
+        "encoder_attention_mask": torch.ones(b, t, dtype=torch.long).to(device),
+        "return_dict": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cosmos 1.0 (video; self-attn with RoPE + cross-attn, LayerNorm AdaLN-zero with LoRA modulation)
+
+COSMOS_TINY = dict(
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=24,  # RoPE splits the head dim into t/h/w parts (dim_h = dim_w = hd // 6 * 2)
+    num_layers=2,
+    text_embed_dim=32,
+    adaln_lora_dim=8,
+    max_size=(16, 32, 32),
+    patch_size=(1, 2, 2),
+    concat_padding_mask=False,  # True needs torchvision (not installed here); real checkpoints use True
+)
+
+
+def cosmos_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """Cosmos text2world: latents [B, C, F, H/8, W/8], F = (frames - 1) // 8 + 1; T5 states; timestep [B]; fps 30."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    h, w = bucket.height // 8, bucket.width // 8
+    f = (bucket.frames - 1) // 8 + 1 if bucket.frames else 1
+    t = text_len or 8
+    b = bucket.batch
+    inputs = {
+        "hidden_states": torch.randn(b, cfg.in_channels, f, h, w, generator=g).to(device, dtype),
+        "timestep": torch.full((b,), 0.5).to(device, dtype),
+        "encoder_hidden_states": torch.randn(b, t, cfg.text_embed_dim, generator=g).to(device, dtype),
+        "fps": 30,
+        "return_dict": False,
+    }
+    if cfg.concat_padding_mask:
+        inputs["padding_mask"] = torch.zeros(1, 1, h, w).to(device, dtype)
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CogView4 (single stream over [text, image], LayerNorm QK-norm, AdaLN-zero, RoPE on the image part)
+
+COGVIEW4_TINY = dict(
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    num_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    text_embed_dim=32,
+    time_embed_dim=32,
+    condition_dim=16,
+    pos_embed_max_size=16,
+    sample_size=8,
+    rope_axes_dim=(16, 16),
+)
+
+
+def cogview4_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """CogView4: latents [B, C, H/8, W/8]; GLM states; timestep in [0, 1000); SDXL-style size conditions."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    h, w = bucket.height // 8, bucket.width // 8
+    t = text_len or 8
+    b = bucket.batch
+    size = torch.tensor([[bucket.height, bucket.width]] * b, dtype=dtype, device=device)
+    return {
+        "hidden_states": torch.randn(b, cfg.in_channels, h, w, generator=g).to(device, dtype),
+        "encoder_hidden_states": torch.randn(b, t, cfg.text_embed_dim, generator=g).to(device, dtype),
+        "timestep": torch.full((b,), 500.0).to(device, dtype),
+        "original_size": size,
+        "target_size": size.clone(),
+        "crop_coords": torch.zeros(b, 2, dtype=dtype, device=device),
+        "return_dict": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HunyuanDiT (U-ViT-like long skips, self + cross attention with LayerNorm QK-norm, shift-only AdaLN, 2D RoPE)
+
+HUNYUAN_DIT_TINY = dict(
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    patch_size=2,
+    sample_size=8,
+    hidden_size=32,  # = heads * head_dim
+    num_layers=6,  # even (skips pushed = popped): blocks 0-3 plain, 4-5 with a long skip (skip=layer > num_layers // 2)
+    cross_attention_dim=32,  # BERT dim
+    cross_attention_dim_t5=32,  # divisible by the pooler's 8 heads
+    pooled_projection_dim=16,
+    text_len=8,  # the BERT and T5 lengths must equal these (learned padding / pooler positions)
+    text_len_t5=8,
+)
+
+
+def hunyuan_dit_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """HunyuanDiT: latents [B, C, H/8, W/8]; BERT + T5 states + masks (lengths fixed by the config); image meta
+    size [B, 6]; style [B]; 2D RoPE as the pipeline builds it; float timestep (its dtype sets the embedding's)."""
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+    from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    h, w = bucket.height // 8, bucket.width // 8
+    b = bucket.batch
+    t, t5 = cfg.text_len, cfg.text_len_t5
+    gh, gw = h // cfg.patch_size, w // cfg.patch_size
+    base = 512 // 8 // cfg.patch_size
+    rope = get_2d_rotary_pos_embed(
+        model.inner_dim // model.num_heads, get_resize_crop_region_for_grid((gh, gw), base), (gh, gw), output_type="pt"
+    )
+    meta = torch.tensor([[bucket.height, bucket.width, bucket.height, bucket.width, 0, 0]] * b)
+    return {
+        "hidden_states": torch.randn(b, cfg.in_channels, h, w, generator=g).to(device, dtype),
+        "timestep": torch.full((b,), 500.0).to(device, dtype),
+        "encoder_hidden_states": torch.randn(b, t, cfg.cross_attention_dim, generator=g).to(device, dtype),
+        "text_embedding_mask": torch.ones(b, t, dtype=torch.long).to(device),
+        "encoder_hidden_states_t5": torch.randn(b, t5, cfg.cross_attention_dim_t5, generator=g).to(device, dtype),
+        "text_embedding_mask_t5": torch.ones(b, t5, dtype=torch.long).to(device),
+        "image_meta_size": meta.to(device, dtype),
+        "style": torch.zeros(b, dtype=torch.long).to(device),
+        "image_rotary_emb": tuple(x.to(device) for x in rope),
+        "return_dict": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FLUX.2 (double + single stream, shared modulation, 4-axis RoPE, SwiGLU, fused qkv+mlp single blocks)
+
+FLUX2_TINY = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=2,
+    num_single_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    timestep_guidance_channels=32,
+    axes_dims_rope=(4, 4, 4, 4),  # sums to attention_head_dim
+    guidance_embeds=True,
+)
+
+
+def flux2_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """FLUX.2: packed 2x2 latent patches of the 8x VAE ([B, H/16 * W/16, C]); 4-axis ids (t, h, w, l);
+    timestep and guidance as the pipeline passes them (t / 1000, guidance 4.0)."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    h, w = bucket.height // 16, bucket.width // 16
+    t = text_len or 8
+    b = bucket.batch
+    img_ids = torch.cartesian_prod(torch.arange(1), torch.arange(h), torch.arange(w), torch.arange(1))
+    txt_ids = torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(t))
+    inputs = {
+        "hidden_states": torch.randn(b, h * w, cfg.in_channels, generator=g).to(device, dtype),
+        "encoder_hidden_states": torch.randn(b, t, cfg.joint_attention_dim, generator=g).to(device, dtype),
+        "timestep": torch.full((b,), 0.5).to(device, dtype),
+        "img_ids": img_ids.unsqueeze(0).expand(b, -1, -1).to(device),
+        "txt_ids": txt_ids.unsqueeze(0).expand(b, -1, -1).to(device),
+        "return_dict": False,
+    }
+    if cfg.guidance_embeds:
+        inputs["guidance"] = torch.full((b,), 4.0).to(device, dtype)
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Z-Image (single stream after noise/context refiners, like Lumina2)
+
+ZIMAGE_TINY = dict(
+    all_patch_size=(2,),
+    all_f_patch_size=(1,),
+    in_channels=16,
+    dim=32,
+    n_layers=2,
+    n_refiner_layers=2,
+    n_heads=2,
+    n_kv_heads=2,
+    cap_feat_dim=16,
+    axes_dims=[4, 6, 6],  # sums to dim / n_heads
+    axes_lens=[64, 32, 32],
+)
+
+
+def zimage_inputs(model, bucket, *, dtype, device, text_len=None, seed=0):
+    """Z-Image: a list of per-sample latents [C, 1, H/8, W/8]; a list of per-sample caption features [T, D];
+    timestep in [0, 1] (1 - t/1000)."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    h, w = bucket.height // 8, bucket.width // 8
+    t = text_len or 8
+    b = bucket.batch
+    return {
+        "x": [torch.randn(cfg.in_channels, 1, h, w, generator=g).to(device, dtype) for _ in range(b)],
+        "t": torch.full((b,), 0.5).to(device, dtype),
+        "cap_feats": [torch.randn(t, cfg.cap_feat_dim, generator=g).to(device, dtype) for _ in range(b)],
+        "return_dict": False,
+    }
+
+
 # (class, tiny config, example-input function, a small bucket)
 ZOO = {
     "sd3": ("diffusers:SD3Transformer2DModel", SD3_TINY, "dit_zoo:sd3_inputs", "64x64"),
@@ -358,4 +589,10 @@ ZOO = {
     "stable-audio": ("diffusers:StableAudioDiTModel", STABLE_AUDIO_TINY, "dit_zoo:stable_audio_inputs", "64x256"),
     "lumina2": ("diffusers:Lumina2Transformer2DModel", LUMINA2_TINY, "dit_zoo:lumina2_inputs", "64x64"),
     "auraflow": ("diffusers:AuraFlowTransformer2DModel", AURAFLOW_TINY, "dit_zoo:auraflow_inputs", "64x64"),
+    "mochi": ("diffusers:MochiTransformer3DModel", MOCHI_TINY, "dit_zoo:mochi_inputs", "64x64x7"),
+    "cosmos": ("diffusers:CosmosTransformer3DModel", COSMOS_TINY, "dit_zoo:cosmos_inputs", "64x64x9"),
+    "cogview4": ("diffusers:CogView4Transformer2DModel", COGVIEW4_TINY, "dit_zoo:cogview4_inputs", "64x64"),
+    "hunyuan-dit": ("diffusers:HunyuanDiT2DModel", HUNYUAN_DIT_TINY, "dit_zoo:hunyuan_dit_inputs", "64x64"),
+    "flux2": ("diffusers:Flux2Transformer2DModel", FLUX2_TINY, "dit_zoo:flux2_inputs", "64x64"),
+    "zimage": ("diffusers:ZImageTransformer2DModel", ZIMAGE_TINY, "dit_zoo:zimage_inputs", "64x64"),
 }
