@@ -56,19 +56,20 @@ def _port() -> int:
 
 def _call(port: int, path: str, body: dict | None = None, timeout: float = 600, raw: bool = False,
           headers: dict | None = None) -> tuple[int, dict | bytes]:  # fmt: skip
-    """(status, the JSON answer, or its bytes with `raw`); `headers`, if given, receives the answer's headers."""
+    """(status, the JSON answer, or its bytes with `raw`); `headers`, if given, receives the answer's headers (names
+    in lower case, as HTTP/1.1 leaves their case free)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             if headers is not None:
-                headers.update(r.headers)
+                headers.update({k.lower(): v for k, v in r.headers.items()})
             payload = r.read()
             return r.status, payload if raw else json.loads(payload)
     except urllib.error.HTTPError as e:
         if headers is not None:
-            headers.update(e.headers)
+            headers.update({k.lower(): v for k, v in e.headers.items()})
         return e.code, json.loads(e.read() or b"{}")
 
 
@@ -149,7 +150,7 @@ def burst(port: int, task: str, body: dict, n: int) -> dict:
                 _check_output(task, payload)
         except (OSError, RuntimeError, ValueError, KeyError) as e:  # a dropped connection: an error, not a crash
             status, note = -1, f"{type(e).__name__}: {e}"
-        results[i] = (status, time.perf_counter() - t, headers.get("Retry-After"), note)
+        results[i] = (status, time.perf_counter() - t, headers.get("retry-after"), note)
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
