@@ -77,14 +77,20 @@ def _names_read_in(path: str | None) -> frozenset[str] | None:
 def _attributes_read(module: nn.Module) -> frozenset[str] | None:
     """The attribute names the code of `module` could read: those read anywhere in the source files of its classes
     (torch's Module aside) and of its attention processor's. None: a file could not be read (assume all are)."""
-    classes = [c for c in type(module).__mro__ if c not in (nn.Module, object)]
     processor = getattr(module, "processor", None)
-    if processor is not None:
-        classes += [c for c in type(processor).__mro__ if c is not object]
+    return _attributes_read_by(type(module), type(processor) if processor is not None else None)
+
+
+@functools.cache
+def _attributes_read_by(cls: type, processor_cls: type | None) -> frozenset[str] | None:
+    # per class pair, not per instance: a model's blocks share a handful of classes
+    classes = [c for c in cls.__mro__ if c not in (nn.Module, object)]
+    if processor_cls is not None:
+        classes += [c for c in processor_cls.__mro__ if c is not object]
     names: set[str] = set()
-    for cls in classes:
+    for c in classes:
         try:
-            read = _names_read_in(inspect.getsourcefile(cls))
+            read = _names_read_in(inspect.getsourcefile(c))
         except TypeError:  # a built-in class
             read = None
         if read is None:
