@@ -55,11 +55,11 @@ def _port() -> int:
 
 
 def _call(port: int, path: str, body: dict | None = None, timeout: float = 600, raw: bool = False,
-          headers: dict | None = None) -> tuple[int, dict | bytes]:  # fmt: skip
+          headers: dict | None = None, method: str | None = None) -> tuple[int, dict | bytes]:  # fmt: skip
     """(status, the JSON answer, or its bytes with `raw`); `headers`, if given, receives the answer's headers (names
     in lower case, as HTTP/1.1 leaves their case free)."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -118,9 +118,7 @@ def _video_request(port: int, body: dict, headers: dict | None = None, poll: flo
     if job["status"] != "completed":
         return 500, job
     status, mp4 = _call(port, f"/v1/videos/{job['id']}/content", raw=True)
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/videos/{job['id']}", method="DELETE")
-    with urllib.request.urlopen(req, timeout=60):  # the job store stays small over many requests
-        pass
+    _call(port, f"/v1/videos/{job['id']}", timeout=60, method="DELETE")  # the job store stays small over many requests
     return status, mp4
 
 
