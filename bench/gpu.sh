@@ -61,9 +61,10 @@ for stage in "$@"; do
       # `install` merges it into the package folders after the wheels (pip --upgrade replaces whole folders)
       mkdir -p /tmp/fa4libs && xz -dc .fa4/cu13.tar.xz | tar -x -C /tmp/fa4libs && echo "fa4libs unpacked at ${SECONDS}s" ;;
     install)
-      # SKIP_WHEELS: a regex of wheel names to leave out (e.g. flash_attn_4, to run without FA4)
+      # SKIP_WHEELS: a regex of wheel names to leave out (e.g. flash_attn_4, to run without FA4); WHEELS: the
+      # folder of wheels (default .whl; another git-ignored folder carried instead when .whl would pass 64 MiB)
       python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-        $(ls .whl/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
+        $(ls "${WHEELS:-.whl}"/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
       [ -d /tmp/fa4libs ] && cp -a /tmp/fa4libs/. /tmp/site/ && echo "FA4's CUDA libraries merged"
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
