@@ -25,7 +25,7 @@ parent prints one table:
   load-profile
             where "load -> first step ready" goes: the artifact mode's cold load and first step under
             cProfile (slower than without it), each compiled file's load seconds, and the functions that took
-            the most time (cumulative and own); no step timing
+            the most time (cumulative and own), each with its heaviest callers; no step timing
 
 Step latency: median/min/max over --steps calls after --warmup (CUDA events on a GPU). Every output is
 compared (relative L2) with the eager output of the same weights and inputs in the same process.
@@ -160,14 +160,35 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
 
 
 def _top(prof, key: str, n: int = 25) -> list[dict]:
+    """The `n` functions with the most `key` time, each with `via`: its heaviest callers, nearest first."""
     import pstats
 
-    stats = pstats.Stats(prof)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+
+    def name(func) -> str:
+        file, line, fn = func
+        return f"{Path(file).name}:{line}({fn})"
+
+    def via(func, depth: int = 10) -> list[str]:
+        chain, seen = [], {func}
+        while len(chain) < depth:
+            callers = stats.get(func, (0, 0, 0, 0, {}))[4]
+            # the caller that spent the most cumulative time in this function (pstats: (cc, nc, tt, ct) per caller)
+            func = max(callers, key=lambda c: callers[c][3], default=None)
+            if func is None or func in seen:
+                break
+            seen.add(func)
+            chain.append(name(func))
+        return chain
+
     rows = []
-    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls": ncalls, "own_s": round(tottime, 4),
-                     "cumulative_s": round(cumtime, 4)})  # fmt: skip
-    return sorted(rows, key=lambda r: -r[key])[:n]
+    for func, (_, ncalls, tottime, cumtime, _) in stats.items():
+        rows.append({"function": name(func), "calls": ncalls, "own_s": round(tottime, 4),
+                     "cumulative_s": round(cumtime, 4), "_func": func})  # fmt: skip
+    top = sorted(rows, key=lambda r: -r[key])[:n]
+    for r in top:
+        r["via"] = via(r.pop("_func"))
+    return top
 
 
 def _profile_load(art: Path, model, device: str, step, sync) -> dict:
@@ -342,6 +363,8 @@ def print_table(workloads: list[str], results: list[dict]) -> None:
                     f"{t['function']} {t['cumulative_s']}s" for t in r[f"{part}_top_cumulative"][:12]))  # fmt: skip
                 print(f"  {part}, most own time: " + "; ".join(
                     f"{t['function']} {t['own_s']}s x{t['calls']}" for t in r[f"{part}_top_own"][:8]))  # fmt: skip
+                for t in r[f"{part}_top_own"][:3]:
+                    print(f"    {t['function']} <- " + " <- ".join(t["via"]))
         elif "error" in r:
             print(f"{r['mode']}: ERROR (see stderr / the JSON)")
 
