@@ -16,6 +16,9 @@ parent prints one table:
             (CUDA-graph capture included on a GPU). Then per workload the step latency with CUDA graphs
             on, then, in the same process with the graph wrapper taken off, with CUDA graphs off.
             Dynamo graphs and omni-compile region compiles in this process are counted (must be 0).
+  artifact-preload
+            as artifact, with the compiled files loading on a background thread (`loader.preload`, as the
+            server does) from before the model is created: "load" is what is left after the weights
   stock     eager step latency, then diffusers' `compile_repeated_blocks(fullgraph=True)`: first call
             (compile included) and step latency per workload
   omni      `omni_compile.compile(model)` (JIT, our passes): first call and step latency per workload
@@ -47,7 +50,7 @@ from e2e import WORKLOADS as E2E_WORKLOADS
 from e2e import _rel_l2, measure, summary
 
 WORKLOADS = dict(E2E_WORKLOADS, **{"W4-flux-64": ("flux-tiny", "64x64", "fp32", "cpu")})
-MODES = ("build", "artifact", "stock", "omni", "build-dynamic", "dynamic", "load-profile")
+MODES = ("build", "artifact", "artifact-preload", "stock", "omni", "build-dynamic", "dynamic", "load-profile")
 
 
 def _setup(workloads: list[str], seed: int):
@@ -86,6 +89,12 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
     from omni_compile.artifact.parity import bucket_output
     from omni_compile.artifact.loader import _compilations
 
+    preloaded = checked = None
+    if mode == "artifact-preload":  # the compiled files load on a background thread while the model is made
+        from omni_compile.artifact.loader import check, preload
+
+        checked = check(art)
+        preloaded = preload(art, checked)
     model, inputs, device, sync, init_s = _setup(workloads, seed)
 
     def stepper(w):
@@ -122,12 +131,12 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
             run("omni", w)
         state = omni_compile.compile_state(model)
         res["attention"] = {r.region: r.attention for r in state.records}
-    elif mode in ("artifact", "dynamic"):
+    elif mode in ("artifact", "dynamic", "artifact-preload"):
         # Nothing has run on the device yet but the model's creation: the load and first step are cold,
         # as in a server that has just read its weights. The eager references come last.
         before = _compilations()
         t0 = time.perf_counter()
-        loaded = omni_compile.load(art, weights=model, device=device)
+        loaded = omni_compile.load(art, weights=model, device=device, checked=checked, preloaded=preloaded)
         sync()
         res["load_s"] = round(time.perf_counter() - t0, 3)
         _, first = _timed_first(stepper(workloads[0]), sync)
@@ -135,9 +144,9 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
         res["ready_s"] = round(res["load_s"] + first, 3)
         installed = loaded._omni_artifact
         graphs = installed.cuda_graphs
-        for w in workloads:
+        for w in workloads if mode != "artifact-preload" else ():  # its steps are the artifact mode's
             run(f"{mode}+graphs" if graphs is not None else mode, w)
-        if graphs is not None:
+        if graphs is not None and mode != "artifact-preload":
             res["cuda_graphs"] = dict(graphs.stats, graphs=graphs.graphs)
             loaded.__dict__.pop("forward")  # the same packages, called from Python each step
             for w in workloads:
@@ -351,7 +360,7 @@ def print_table(workloads: list[str], results: list[dict]) -> None:
             last = r["attempts"][-1]
             extra = f", {last['files']} files, {last['bytes'] / 2**20:.1f} MiB, timing {last['timing']}" if r["ok"] else ""
             print(f"{r['mode']}: {'ok' if r['ok'] else 'FAILED'} (kernels {r['kernels']}) in {last['process_s']}s{extra}")
-        elif r["mode"] in ("artifact", "dynamic") and "load_s" in r:
+        elif r["mode"] in ("artifact", "dynamic", "artifact-preload") and "load_s" in r:
             print(f"{r['mode']}: model created in {r['init_s']}s (apart); load {r['load_s']}s + first step "
                   f"{r['first_step_s']}s = ready {r['ready_s']}s (load: {r.get('load_breakdown_s')}); compilations {r['compilations']}; "
                   f"packages {r['packages']}; cuda graphs {r.get('cuda_graphs', 'off')}")  # fmt: skip

@@ -22,6 +22,8 @@
 #              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
 #   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
 #              stock, stock-fa3, omni (W5, W5_MODES, or W5_MODES_W5_ltx / W5_MODES_W5_hunyuan for one of them)
+#   imports    bench/imports.py: Python start and each import of a server, fresh processes, with and without a
+#              bytecode cache in /tmp/pyc
 #   artifact   bench/artifact.py on W1 and W3: build, load -> first step, steps with and without CUDA graphs, stock,
 #              omni JIT, build --dynamic (ARTIFACT_MODES, ARTIFACT_WORKLOADS, ARTIFACT_DYNAMIC; ARTIFACT_DIR keeps it)
 #   store      bench/store.py on W1: a first node publishes to a file store, a second node takes every file
@@ -66,6 +68,8 @@ for stage in "$@"; do
       python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         $(ls "${WHEELS:-.whl}"/*.whl | grep -vE "${SKIP_WHEELS:-^$}") \
         && python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . || exit 1
+      # bytecode as a normal install writes it: a process started later does not compile these packages from source
+      python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
       [ -d /tmp/fa4libs ] && cp -a /tmp/fa4libs/. /tmp/site/ && echo "FA4's CUDA libraries merged"
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       # the CUTLASS DSL puts its `cutlass` package on sys.path from a .pth file, which a --target folder on
@@ -74,6 +78,10 @@ for stage in "$@"; do
       python3 -P -c "from omni_compile.attention.backends import import_error as e; print({m: e(m) or 'ok' for m in ('fa3_fwd_interface', 'flash_attn.cute', 'diffusers')})" \
         | tee -a "$OUT/gpu.txt"
       echo "install at ${SECONDS}s" ;;
+    imports)
+      # Python start and each import in fresh processes, then again with a bytecode cache outside the packages
+      run imports 120 python3 -P bench/imports.py --json "$OUT/imports.json"
+      run imports_pyc 120 python3 -P bench/imports.py --pycache-prefix /tmp/pyc --json "$OUT/imports_pyc.json" ;;
     attention)
       run attention 150 python3 -P bench/attention.py --backends "${ATTN_BACKENDS:-sdpa,sdpa-cudnn,fa3,fa4,triton}" \
         ${ATTN_ONLY:+--only "$ATTN_ONLY"} --reps 20 --json "$OUT/attention.json" ;;
@@ -144,7 +152,7 @@ done
 for f in "$OUT"/*.log; do [ -s "$f" ] && { echo "=== $(basename "$f")"; cat "$f"; }; done > "$OUT/stderr.txt"
 rm -f "$OUT"/*.log
 echo "=== tables ==="
-for f in attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan fp8_W1 fp8_W2 step_cache artifact store serve video inspect; do
+for f in imports imports_pyc attention kernels e2e_w3 e2e_W1 e2e_W2 e2e_W5-ltx e2e_W5-hunyuan fp8_W1 fp8_W2 step_cache artifact store serve video inspect; do
   [ -s "$OUT/$f.txt" ] && { echo "--- $f"; cat "$OUT/$f.txt"; }
 done
 grep -hE "Traceback|Error|error:" "$OUT/stderr.txt" 2>/dev/null | sort | uniq -c | sort -rn | head -8

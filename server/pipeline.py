@@ -215,9 +215,10 @@ def weights_dir(path: str) -> Path:
                                    "in its transformer/)")  # fmt: skip
 
 
-def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> ServedPipeline:
+def load_pipeline(config: ServeConfig, checked: tuple | None = None, preloaded=None) -> ServedPipeline:
     """The pipeline with the artifact's transformer, as its task's class. `checked`: `artifact.loader.check`'s result
-    for the artifact (`omni-compile serve` checks before it starts): the manifest is read and the files hashed once."""
+    for the artifact (`omni-compile serve` checks before it starts): the manifest is read and the files hashed once.
+    `preloaded`: `artifact.loader.preload`'s compiled files, loading while the weights are read."""
     import diffusers
     from diffusers.utils import logging as dlogging
 
@@ -249,7 +250,7 @@ def load_pipeline(config: ServeConfig, checked: tuple | None = None) -> ServedPi
     # step caching skips blocks per call: a whole-step CUDA graph would replay one path
     graphs = {"cuda_graphs": False} if config.step_cache else {}
     transformer = omni_compile.load(config.artifact, weights=weights, device=device, jit_fallback=config.jit_fallback,
-                                    checked=checked, **graphs)  # fmt: skip
+                                    checked=checked, preloaded=preloaded, **graphs)  # fmt: skip
     t2 = time.perf_counter()
     if root is None:
         pipe = cls.random_pipeline(preset, transformer, text_len=text_len, dtype=dtype, device=device, seed=seed)

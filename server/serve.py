@@ -157,7 +157,7 @@ def run_serve(args, console) -> int:
 
     import uvicorn
 
-    from omni_compile.artifact.loader import check
+    from omni_compile.artifact.loader import check, preload
     from omni_compile.server.app import build_app
     from omni_compile.server.pipeline import load_pipeline, pipeline_dir, task_class
 
@@ -175,7 +175,9 @@ def run_serve(args, console) -> int:
     console.print(f"serving {config.artifact} ({task.task}) on http://{args.host}:{args.port} (loading; /health is "
                   "503 until warm)")  # fmt: skip
     logging.getLogger("omni_compile.server").setLevel(logging.INFO)
-    app = build_app(config, loader=functools.partial(load_pipeline, checked=checked))
+    # the compiled files load on a background thread while the weights are read
+    preloaded = preload(config.artifact, checked)
+    app = build_app(config, loader=functools.partial(load_pipeline, checked=checked, preloaded=preloaded))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_graceful_shutdown=None))  # fmt: skip
     received: list[int] = []

@@ -94,7 +94,11 @@ from torch._dynamo.utils import counters
 from omni_compile.config import ShapeBucket
 from omni_compile.models import resolve_model
 
-name, path = sys.argv[1], sys.argv[2]
+name, path, how = sys.argv[1], sys.argv[2], sys.argv[3]
+from omni_compile.artifact import loader
+checked = loader.check(path)
+# "preload": the compiled files load on a background thread while the model is made, as the server does
+preloaded = loader.preload(path, checked) if how == "preload" else None
 spec = resolve_model(name)
 model = spec.load(dtype=torch.float32, device="cpu", seed=0)
 refs = {}
@@ -104,7 +108,7 @@ with torch.no_grad():
                                              text_len=spec.text_len, seed=1)
         refs[b] = (inputs, model(**inputs)[0].clone())
 counters.clear()
-loaded = omni_compile.load(path, weights=model)
+loaded = omni_compile.load(path, weights=model, checked=checked, preloaded=preloaded)
 errs = {}
 with torch.no_grad():
     for b, (inputs, ref) in refs.items():
@@ -117,15 +121,48 @@ print("RESULT " + json.dumps({
 """
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_fresh_process_loads_with_zero_compilations(artifacts, subprocess_env, model):
-    proc = subprocess.run([sys.executable, "-P", "-c", LOAD_SCRIPT, model, str(artifacts[model])], env=subprocess_env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+@pytest.mark.parametrize("model,how", [("flux-tiny", "load"), ("wan-tiny", "load"), ("flux-tiny", "preload")])
+def test_fresh_process_loads_with_zero_compilations(artifacts, subprocess_env, model, how):
+    proc = subprocess.run([sys.executable, "-P", "-c", LOAD_SCRIPT, model, str(artifacts[model]), how],
+                          env=subprocess_env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     assert res["dynamo"] == {} and res["regions_compiled"] == 0  # no Dynamo frame, no Inductor graph
     assert res["stats"]["compiled_calls"] > 0
     assert set(res["errs"]) == set(MODELS[model].split(",")) and all(e < 1e-4 for e in res["errs"].values()), res
+
+
+def test_preload_hands_each_file_and_its_error_to_the_caller(artifacts, monkeypatch):
+    """The background thread's result per file, in the caller's thread: a file that failed raises its own error
+    from `load` (nothing is installed), the others load; a preload of another artifact is refused."""
+    from omni_compile.models import resolve_model
+
+    import omni_compile
+    from omni_compile.artifact import loader
+
+    art = artifacts["flux-tiny"]
+    checked = loader.check(art)
+    broken = _block_file(json.loads((art / "manifest.json").read_text()))
+    real, calls = loader.load_package, []
+
+    def load_package(path, *a, **k):
+        calls.append(path.relative_to(art).as_posix())
+        if calls[-1] == broken:
+            raise RuntimeError(f"cannot read {calls[-1]}")
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(loader, "load_package", load_package)
+    pre = loader.preload(art, checked)
+    model = resolve_model("flux-tiny").load(dtype=torch.float32, device="cpu", seed=0)
+    with pytest.raises(RuntimeError, match=re.escape(f"cannot read {broken}")):
+        omni_compile.load(art, weights=model, checked=checked, preloaded=pre)
+    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing installed
+    assert sorted(calls) == sorted(e.file for e in checked[0].files())  # each file loaded once, on the thread
+    with pytest.raises(KeyError, match="not a file of"):
+        pre.get("nope.pt2")
+    with pytest.raises(ValueError, match="preloaded= holds the files of"):
+        omni_compile.load(artifacts["wan-tiny"], weights=model, preloaded=pre)
+    assert loader.preload(art, (checked[0], ["device: another"])) is None  # a platform mismatch compiles instead
 
 
 def _copy(artifacts, tmp_path, model="flux-tiny"):

@@ -92,27 +92,74 @@ class Installed:
         self.modules.clear()
 
 
-def install(model: nn.Module, manifest: Manifest, root: Path) -> Installed:
-    """Load every package the manifest lists and point each instance's forward at its dispatcher."""
+class Preload:
+    """The artifact's compiled files loaded on a background thread (`preload`), while the caller does other work
+    (reading or making the weights: the weights check needs them, the files do not). `install` takes each file
+    from here, waiting for it; a file that failed to load raises its error there, in the caller's thread."""
+
+    def __init__(self, root: Path, manifest: Manifest):
+        import threading
+
+        self.root = root
+        self.files = {e.file: e.pytree for e in manifest.files()}
+        self._done: dict[str, tuple[Any, BaseException | None]] = {}
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(manifest.build.format,), name="omni-preload", daemon=True)
+        self._thread.start()
+
+    def _run(self, fmt: str) -> None:
+        for file, specs in self.files.items():
+            try:
+                result = (load_package(self.root / file, fmt, specs), None)
+            except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread by `get`
+                result = (None, e)
+            with self._cond:
+                self._done[file] = result
+                self._cond.notify_all()
+
+    def get(self, file: str):
+        """The loaded file (waits for it)."""
+        if file not in self.files:
+            raise KeyError(f"{file} is not a file of {self.root}")
+        with self._cond:
+            self._cond.wait_for(lambda: file in self._done)
+            value, error = self._done[file]
+        if error is not None:
+            raise error
+        return value
+
+
+def preload(artifact: str | Path, checked: tuple[Manifest, list[str]]) -> Preload | None:
+    """Start loading the compiled files of a checked artifact (`check`'s result) on a background thread; pass
+    the result to `load(..., preloaded=)`. None when there is nothing to load (a platform mismatch: JIT)."""
+    manifest, diffs = checked
+    return None if diffs else Preload(Path(artifact), manifest)
+
+
+def install(model: nn.Module, manifest: Manifest, root: Path, preloaded: Preload | None = None) -> Installed:
+    """Load every package the manifest lists (or take it from `preloaded`) and point each instance's forward at
+    its dispatcher."""
     installed = Installed(model, manifest, root)
     modules = dict(model.named_modules())
     buckets = list(manifest.build.buckets)
     dynamic_range = manifest.build.dynamic_range
     sizes = f" and every size of {dynamic_range} (HEIGHTxWIDTH)" if dynamic_range else ""
-    loaded: dict[str, Any] = {}
+    missing = [(p, r.name) for r in manifest.regions for p in r.instances if p not in modules]
+    if missing:
+        path, region = missing[0]
+        raise ArtifactError(f"the model has no module {path!r}, which the artifact's region {region} runs")
+    # every file first: a file that fails to load leaves the model as it was
+    loaded = {e.file: preloaded.get(e.file) if preloaded is not None
+              else load_package(root / e.file, manifest.build.format, e.pytree) for e in manifest.files()}  # fmt: skip
     for region in manifest.regions:
         runners: dict[tuple, Any] = {}
         dynamic: dict[str, tuple] = {}
         for entries in region.buckets.values():
             for e in entries:
-                if e.file not in loaded:
-                    loaded[e.file] = load_package(root / e.file, manifest.build.format, e.pytree)
                 runners[_as_key(e.key)] = loaded[e.file]
                 if e.dynamic and e.file not in dynamic:
                     dynamic[e.file] = (DynamicSpec.from_json(e.dynamic), _as_key(e.key), loaded[e.file])
         for path in region.instances:
-            if path not in modules:
-                raise ArtifactError(f"the model has no module {path!r}, which the artifact's region {region.name} runs")
             m = modules[path]
             m.forward = RegionDispatch(region.name, m, runners, buckets, installed.stats, list(dynamic.values()), sizes)
             installed.modules.append(m)
@@ -300,6 +347,7 @@ def load(
     jit_fallback: bool = False,
     cuda_graphs: bool | None = None,
     checked: tuple[Manifest, list[str]] | None = None,
+    preloaded: Preload | None = None,
 ) -> nn.Module:
     """The model of `artifact` with its regions running the compiled files (see the module docstring).
 
@@ -308,14 +356,18 @@ def load(
     compile the model with `omni_compile.compile` instead of refusing. `cuda_graphs`: default on for CUDA.
     `checked`: what `check(artifact, device=..., jit_fallback=...)` returned for it in this process (the
     server checks before it starts): the manifest is not read and the files are not hashed again.
+    `preloaded`: `preload(artifact, checked)`, started before the weights were read (the server does): the
+    compiled files are taken from it instead of being loaded here.
     """
     root = Path(artifact)
+    if preloaded is not None and preloaded.root.resolve() != root.resolve():
+        raise ValueError(f"preloaded= holds the files of {preloaded.root}, not of {root}")
     t0 = time.perf_counter()
     manifest, diffs = checked if checked is not None else check(root, device=device, jit_fallback=jit_fallback)
     check_s = time.perf_counter() - t0
     device = device or manifest.build.device
     model = _model_for(manifest, weights, device, parse_dtype(manifest.build.dtype))
-    model = _load_checked(root, manifest, diffs, model, device, cuda_graphs)
+    model = _load_checked(root, manifest, diffs, model, device, cuda_graphs, preloaded)
     if not diffs:
         model._omni_artifact.seconds["check"] = round(check_s, 4)
     return model
@@ -334,7 +386,8 @@ def _transform(model: nn.Module, manifest: Manifest) -> list[str]:
     return [t for t in transforms if t in LOSSY]
 
 
-def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Module, device: str, cuda_graphs) -> nn.Module:
+def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Module, device: str, cuda_graphs,
+                  preloaded: Preload | None = None) -> nn.Module:  # fmt: skip
     """`load` after `check`: the weights check, then the JIT fallback or the compiled files."""
     t0 = time.perf_counter()
     cdiffs = config_differences(manifest.model.config, model)
@@ -355,7 +408,7 @@ def _load_checked(root: Path, manifest: Manifest, diffs: list[str], model: nn.Mo
         warnings.warn(f"{root}: platform differs ({'; '.join(diffs)}); compiling just in time instead", stacklevel=3)
         return omni_compile.compile(model, CompileConfig.from_dict(manifest.build.compile_config))
     t1 = time.perf_counter()
-    installed = install(model, manifest, root)
+    installed = install(model, manifest, root, preloaded)
     installed.seconds.update(weights_check=round(t1 - t0, 4), packages=round(time.perf_counter() - t1, 4))
     use_graphs = cuda_graphs if cuda_graphs is not None else torch.device(device).type == "cuda"
     if use_graphs and torch.device(device).type == "cuda":
