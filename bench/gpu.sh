@@ -80,8 +80,8 @@ for stage in "$@"; do
       echo "install at ${SECONDS}s" ;;
     imports)
       # Python start and each import in fresh processes, then again with a bytecode cache outside the packages
-      run imports 120 python3 -P bench/imports.py --json "$OUT/imports.json"
-      run imports_pyc 120 python3 -P bench/imports.py --pycache-prefix /tmp/pyc --json "$OUT/imports_pyc.json" ;;
+      run imports 120 python3 -P bench/imports.py --reps "${IMPORTS_REPS:-3}" --json "$OUT/imports.json"
+      run imports_pyc 120 python3 -P bench/imports.py --reps "${IMPORTS_REPS:-3}" --pycache-prefix /tmp/pyc --json "$OUT/imports_pyc.json" ;;
     attention)
       run attention 150 python3 -P bench/attention.py --backends "${ATTN_BACKENDS:-sdpa,sdpa-cudnn,fa3,fa4,triton}" \
         ${ATTN_ONLY:+--only "$ATTN_ONLY"} --reps 20 --json "$OUT/attention.json" ;;
