@@ -42,12 +42,9 @@ NOTES: dict[tuple[str, str], str] = {
     ("stable-audio", "adaln"): "no modulation (the conditioning is prepended to the sequence)",
 }
 # QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables (HunyuanVideo's too, on the whole
-# sequence or on the image prefix), Wan's per-pair tables and LTX-Video's interleaved [1, S, H * D] ones. In the
-# other models the norm (rms_norm) and the rotation (complex_mul's, where the model writes it as a complex product
-# of [S, D/2] tables) are compiled by Inductor as they are.
-QK_ROPE_NOTE = "norm and rotation compiled apart (complex [S, D/2] tables)"
-for _name in ("qwen-image", "lumina2", "zimage"):
-    NOTES[(_name, "qk_norm_rope")] = QK_ROPE_NOTE
+# sequence or on the image prefix), Wan's per-pair tables, LTX-Video's interleaved [1, S, H * D] ones and the
+# complex [S, D/2] ones (Qwen-Image, Lumina2, Z-Image). In the models noted below the norm and the rotation are
+# compiled by Inductor as they are.
 NOTES.update({
     ("cosmos", "qk_norm_rope"): "norm and rotation compiled apart (rotate-half RoPE: the kernel reads pairs, not halves)",
     ("mochi", "qk_norm_rope"): "norm and rotation compiled apart (its own interleaved form, x[..., 0::2] and stack)",

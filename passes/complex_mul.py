@@ -27,7 +27,11 @@ aten = torch.ops.aten
 
 def real_product(xr: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """`view_as_real(view_as_complex(xr) * f)` computed on the real pairs."""
-    fr = torch.view_as_real(f)
+    return real_product_of_pairs(xr, torch.view_as_real(f))
+
+
+def real_product_of_pairs(xr: torch.Tensor, fr: torch.Tensor) -> torch.Tensor:
+    """The complex product of the (real, imaginary) pairs in the last dimension of `xr` and `fr`."""
     a, b = xr[..., 0], xr[..., 1]
     c, s = fr[..., 0], fr[..., 1]
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1)
@@ -40,7 +44,7 @@ class ComplexMulPass(OmniPass):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self._extra_sources.append(_source(real_product))
+        self._extra_sources.extend([_source(real_product), _source(real_product_of_pairs)])
 
     def apply(self, graph: torch.fx.Graph) -> int:
         count = 0

@@ -12,6 +12,11 @@ matches `omni_compile::rms_norm` followed by the rotary embedding as the models 
     interleaved pairs over all heads (LTX-Video): norm_q(q) over H * D on [B, S, H * D], then
                         x * cos + stack([-x_odd, x_even]).flatten() * sin with [1, S, H * D] tables,
                         before the unflatten to heads (the whole token is one "head" of the op)
+    complex tables:     view_as_real(view_as_complex(norm_q(q).float().reshape(..., -1, 2)) * freqs).flatten(3)
+                        with freqs [S, 1, D/2] or [1, S, 1, D/2] (Qwen-Image, Lumina2, Z-Image), after the
+                        `complex_mul` pass wrote the product in real arithmetic: the table's real view, read
+                        as [S, D], holds (cos, sin) per pair, the op's "per_pair" tables both at once (a
+                        float64 table, Lumina2's, is read in fp32: the rotation is computed in fp32)
 
 with the norm in either rounding (torch's, or diffusers' cast to a half-precision weight's dtype first),
 and replaces each with one `omni_compile::rms_norm_rope`, which normalises and rotates in one pass
@@ -27,7 +32,8 @@ import operator
 
 import torch
 from diffusers.models.embeddings import apply_rotary_emb
-from omni_compile.passes.base import PatternPass, shared_pass
+from omni_compile.passes.base import PatternPass, _source, shared_pass
+from omni_compile.passes.complex_mul import real_product_of_pairs
 from omni_compile.passes.rms_norm import RMSNormPass
 from torch._inductor.pattern_matcher import CallFunction, Ignored, KeywordArg, Match
 
@@ -120,6 +126,46 @@ def interleaved_forms(cbw: bool) -> tuple:
         return out.squeeze(2)
 
     return interleaved_norm_rope, interleaved_fused
+
+
+def complex_forms(cbw: bool, dtype: torch.dtype) -> tuple:
+    def complex_norm_rope(x, weight, fr, eps):
+        # diffusers' complex rotary embedding (use_real=False) once `complex_mul` has written the product on the
+        # real pairs; `fr` is the table's real view, [S, 1, D/2, 2] (or with a leading 1). In fp32 the casts are
+        # no-ops: the chain ends at the flatten (a model's own no-op cast after it, Lumina2's, stays outside)
+        n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
+        out = real_product_of_pairs(n.float().reshape(*n.shape[:-1], -1, 2), fr).flatten(3)
+        return out if dtype == torch.float32 else out.type_as(n)
+
+    def complex_fused(x, weight, fr, eps):
+        # pair i of row s reads (table[s, 2i], table[s, 2i + 1]) = (cos, sin): one table for both; a float64 table
+        # (Lumina2 computes its rotation in float64, then rounds to the activations' dtype) is read in fp32
+        table = fr.reshape(x.shape[1], x.shape[3]).float()
+        return torch.ops.omni_compile.rms_norm_rope(x, weight, None, None, table, table, eps, cbw, False, "per_pair")
+
+    return complex_norm_rope, complex_fused
+
+
+def _complex_check(traced: torch.dtype):
+    def check(match: Match) -> bool:
+        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "weight", "fr")):
+            return False
+        x = match.kwargs["x"].meta["val"]
+        if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced == torch.float32):
+            return False
+        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
+            return False
+        if tuple(match.kwargs["weight"].meta["val"].shape) != (x.shape[-1],):
+            return False
+        fr = match.kwargs["fr"].meta["val"]
+        s, d = x.shape[1], x.shape[3]
+        # one table for the batch (a per-sample table, [B, S, 1, D/2] with B > 1, is left as it is)
+        if fr.dtype not in (torch.float32, torch.float64) or tuple(fr.shape) not in ((s, 1, d // 2, 2), (1, s, 1, d // 2, 2)):
+            return False
+        norm = next(n for n in match.nodes if n.target == torch.ops.omni_compile.rms_norm.default)
+        return len(norm.users) == 1  # the rotation alone reads the norm
+
+    return check
 
 
 def _x_and_weight_ok(match: Match, traced: torch.dtype, rank: int) -> bool:
@@ -226,7 +272,7 @@ class QKNormRopePass(PatternPass):
 
     def register_patterns(self) -> None:
         self._norms = shared_pass(RMSNormPass, "{}")  # the instance the manager uses: patterns traced once
-        self._extra_sources.append(self._norms.uuid())
+        self._extra_sources.extend([self._norms.uuid(), _source(real_product_of_pairs)])
         # Dtype literals and the bool argument are ignored when patterns are compared, so the bf16 and
         # fp16 chains are one registration; the checks pin what the traced chain means. Both RMSNorm roundings
         # (torch's, and diffusers' cast before the weight) fuse: the check hands the flag to the replacement.
@@ -243,6 +289,8 @@ class QKNormRopePass(PatternPass):
                     example = [x, w, x.clone(), w.clone(), t2, t2.clone(), 1e-6] if joint else [x, w, t, t.clone(), 1e-6]
                     self.register(search, replace, example, _flux_check(dtype, joint), sw, **again)
                 self.register(*interleaved_forms(cbw), [xi, wi, ti, ti.clone(), 1e-6], _interleaved_check(dtype), sw,
+                              **again)  # fmt: skip
+                self.register(*complex_forms(cbw, dtype), [x, w, torch.empty(4, 1, 4, 2), 1e-6], _complex_check(dtype), sw,
                               **again)  # fmt: skip
             # a prefix rotated: without torch's literal re-check, which would compare the slice bounds (the model's
             # `:-T` against the trace's); the check reads them

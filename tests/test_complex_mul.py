@@ -63,8 +63,8 @@ def test_a_product_used_elsewhere_is_left_alone():
 @pytest.mark.compile
 @pytest.mark.parametrize("name", ["qwen-image", "lumina2"])
 def test_through_inductor_no_complex_op_left(name, fresh_dynamo, no_inductor_cache, tmp_path):
-    """Every rotation of q and k is rewritten: the graph Inductor lowers holds no complex op (only the
-    `view_as_real` of the complex table, a view), and the output matches eager."""
+    """Every rotation of q and k is rewritten, and fused with the norm before it: the graph Inductor lowers holds no
+    complex op (only the `view_as_real` of the complex table, a view), and the output matches eager."""
     import omni_compile
     from omni_compile.config import ShapeBucket
     from omni_compile.models import resolve_model
@@ -84,6 +84,8 @@ def test_through_inductor_no_complex_op_left(name, fresh_dynamo, no_inductor_cac
         out = model(**inputs)[0]
     records = omni_compile.compile_state(model).records
     assert records and all(r.passes["complex_mul"] >= 2 for r in records), [(r.region, r.passes) for r in records]
+    # and each rotation fused with the q/k norm before it (qk_norm_rope's complex form)
+    assert all(r.passes["qk_norm_rope"] == r.passes["complex_mul"] for r in records), [r.passes for r in records]
     finals = sorted(tmp_path.rglob("*.lower_fused_ops.after.py"))
     assert len(finals) == len(records)
     for f in finals:

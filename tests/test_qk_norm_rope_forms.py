@@ -183,3 +183,71 @@ def test_prefix_near_misses_are_left_alone(case):
         return fns[case](norm(x))
 
     assert_left_alone(fn, x, cos, sin)
+
+
+def complex_rope(x, freqs, unsqueeze_dim):
+    """diffusers' complex rotary embedding (`apply_rotary_emb(..., use_real=False)`, Qwen-Image's, Z-Image's)."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.unsqueeze(unsqueeze_dim)).flatten(3).type_as(x)
+
+
+def complex_table(shape, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.polar(torch.ones(shape, dtype=dtype), (torch.rand(shape, generator=g) * 6.28).to(dtype))
+
+
+@pytest.mark.parametrize("kernel", ["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("table", ["S,D/2 (Qwen-Image)", "1,S,D/2 (Z-Image)", "1,S,D/2 complex128 (Lumina2)"])
+@pytest.mark.parametrize("norm_kind", ["torch", "diffusers"])
+def test_per_head_norm_then_complex_rope(norm_kind, table, dtype, kernel):
+    """The complex form: after `complex_mul` writes the product on real pairs, the norm and the rotation become one
+    op reading the complex table's real view as both of its per-pair tables (a complex128 table in fp32)."""
+    if kernel == "triton":
+        require_triton_interpreter()
+    b, s, h, d = 2, 7, 3, 16
+    norm = make_norm(norm_kind, d, dtype)
+    x = torch.randn(b, s, h, d, dtype=dtype) * 3
+    freqs = complex_table((s, d // 2) if table.startswith("S") else (1, s, d // 2),
+                          dtype=torch.float64 if "complex128" in table else torch.float32)  # fmt: skip
+    dim = 1 if table.startswith("S") else 2
+
+    def fn(x, freqs):
+        return complex_rope(norm(x), freqs, dim)
+
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, freqs)
+        eager = fn(x, freqs)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert fired(log) == {"complex_mul": 1, "rms_norm": 1, "qk_norm_rope": 1}, fired(log)
+        assert ROPE in targets(gm) and "aten.rsqrt.default" not in targets(gm)
+        if kernel == "triton":
+            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"rms_norm_rope": "triton"}))
+            assert log.resolutions["rms_norm_rope"]["implementation"].startswith("triton")
+        fused = gm(x, freqs)
+    xd = x.double()
+    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.detach().double()
+    ref = torch.view_as_real(torch.view_as_complex(n.reshape(b, s, h, -1, 2)) * freqs.to(torch.complex128).unsqueeze(dim)).flatten(3)
+    assert fused.dtype == dtype and fused.shape == eager.shape
+    if dtype == torch.float32:
+        assert rel_l2(fused, eager) < 1e-6 and rel_l2(fused, ref) < 1e-5
+    else:
+        assert rel_l2(fused, eager) < 4e-3 and rel_l2(fused, ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["per-sample-table", "norm-used-elsewhere"])
+def test_complex_near_misses_are_left_alone(case):
+    b, s, h, d = 2, 5, 2, 8
+    norm = torch.nn.RMSNorm(d, eps=1e-6)
+    x = torch.randn(b, s, h, d)
+    if case == "per-sample-table":  # [B, S, D/2] with B > 1: the op takes one table for the batch
+        freqs = complex_table((b, s, d // 2))
+        fn = lambda x, f: complex_rope(norm(x), f, 2)
+    else:
+        freqs = complex_table((s, d // 2))
+
+        def fn(x, f):
+            n = norm(x)
+            return complex_rope(n, f, 1) + n
+
+    assert_left_alone(fn, x, freqs)
