@@ -196,6 +196,38 @@ def make_cases(device: str, quick: bool) -> list[Case]:
                       ops.rms_norm_rope_triton,
                       (q.unflatten(2, (H2, hd)), norm_w.weight, None, None, *wan_tabs, EPS, False, True, "per_pair"),
                       rope_k._launch, _rope_configs(H2, hd, True)))  # fmt: skip
+
+    # W5-ltx: LTX-Video 2B (2048 = 32 x 64, 6,144 tokens): the norm over the whole [B, S, 2048] projection, then the
+    # interleaved rope with per-element [1, S, 2048] fp32 tables, before the unflatten; one "head" of 2048 for the op
+    D5, S5 = (64, 12) if quick else (2048, 6144)
+    norm_5 = rms_module(D5, dev)
+    ang = torch.rand(1, S5, D5 // 2, device=dev) * 100
+    cos5, sin5 = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+
+    def ltx(x, c, s):
+        n = norm_5(x)
+        real, imag = n.unflatten(2, (-1, 2)).unbind(-1)
+        rotated = torch.stack([-imag, real], dim=-1).flatten(2)
+        return (n.float() * c + rotated.float() * s).to(n.dtype).unsqueeze(2)  # [B, S, 1, C], as the op writes it
+
+    x = randn(1, S5, D5)
+    cases.append(Case("W5-ltx rms_norm_rope interleaved", ltx, (x, cos5, sin5), ops.rms_norm_rope_triton,
+                      (x.unsqueeze(2), norm_5.weight, None, None, cos5[0], sin5[0], EPS, False, False, "per_element"),
+                      rope_k._launch, _rope_configs(1, D5, False, warps=(2, 4, 8, 16))))  # fmt: skip
+
+    # Qwen-Image 1024² (24 x 128, 4,096 image tokens): per-head norm, then the complex rope with a [S, 64] complex64
+    # table, whose real view [S, 128] is both per-pair tables of the op
+    freqs = torch.polar(torch.ones(S_img, hd // 2, device=dev), torch.rand(S_img, hd // 2, device=dev) * 100)
+
+    def qwen(x, f):
+        xc = torch.view_as_complex(norm_q(x).float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * f.unsqueeze(1)).flatten(3).type_as(x)
+
+    x = randn(1, S_img, H1, hd)
+    table = torch.view_as_real(freqs).reshape(S_img, hd)
+    cases.append(Case("Qwen-Image rms_norm_rope complex", qwen, (x, freqs), ops.rms_norm_rope_triton,
+                      (x, norm_q.weight, None, None, table, table, EPS, False, False, "per_pair"),
+                      rope_k._launch, _rope_configs(H1, hd, False)))  # fmt: skip
     return cases
 
 
@@ -220,13 +252,13 @@ def _gate_configs(d: int) -> list[dict]:
     return out
 
 
-def _rope_configs(H: int, hd: int, across: bool) -> list[dict]:
+def _rope_configs(H: int, hd: int, across: bool, warps: tuple[int, ...] = (2, 4, 8)) -> list[dict]:
     blocks = [next_pow2(H)] if across else sorted({next_pow2(H), H & -H, 4, 8, 16} - {0})
     return [
         {"BLOCK_H": bh, "num_warps": w, "SPLIT": split}
         for bh in blocks
         if bh <= next_pow2(H)
-        for w in (2, 4, 8)
+        for w in warps
         for split in (True, False)
     ]
 

@@ -32,7 +32,8 @@
 #   video      bench/serve.py on VIDEO_ART (default /tmp/w2art: `ARTIFACT_WORKLOADS=W2 ARTIFACT_DIR=/tmp/w2art` in the
 #              artifact stage before), a Wan artifact served as text-to-video: start -> /health, video jobs of
 #              VIDEO_STEPS (50) steps, MP4 downloaded (needs PyAV: `av` in /tmp/site); VIDEO_ARGS: more options
-#   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes
+#   kernels    bench/fused_ops.py: each fused-op kernel against stock Inductor on the W1/W2 shapes (KERNELS_ARGS:
+#              more options, e.g. --only rms_norm_rope --sweep)
 #   fp8        bench/e2e.py on W1 and W2 (FP8_WORKLOADS): stock, omni, omni/fp8, stock-fp8 (torchao float8 rowwise
 #              on the same Linears), FP8_MODES to change them, FP8_PROFILE the modes profiled; lossy: rel L2 against
 #              eager bf16 in the table
@@ -141,7 +142,8 @@ for stage in "$@"; do
       run step_cache 420 python3 -P bench/step_cache.py --preset flux-dev --device cuda --reps 2 ${STEP_CACHE_ARGS:-} \
         --json "$OUT/step_cache.json" ;;
     kernels)
-      run kernels 300 python3 -P bench/fused_ops.py --json "$OUT/kernels.json" ;;
+      # shellcheck disable=SC2086
+      run kernels 300 python3 -P bench/fused_ops.py ${KERNELS_ARGS:-} --json "$OUT/kernels.json" ;;
     inspect)
       run inspect 300 python3 -P -m omni_compile.cli inspect flux-dev --shapes 1024x1024 --dtype bf16 --device cuda \
         --profile --out /tmp/insp --json "$OUT/inspect.json" ;;
