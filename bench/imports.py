@@ -29,8 +29,11 @@ STEPS = [  # (label, the package it needs, statement)
     ("torch._inductor.compile_fx", "torch", "import torch._inductor.compile_fx"),
     ("diffusers pipelines", "diffusers", "from diffusers import FluxPipeline, WanPipeline"),
     ("fastapi, uvicorn", "fastapi", "import fastapi, uvicorn"),
-    ("omni_compile server", "omni_compile",
-     "import omni_compile.server.app, omni_compile.server.pipeline, omni_compile.artifact.loader"),
+    (
+        "omni_compile server",
+        "omni_compile",
+        "import omni_compile.server.app, omni_compile.server.pipeline, omni_compile.artifact.loader",
+    ),
 ]
 PACKAGES = ("torch", "diffusers", "transformers", "triton", "fastapi", "omni_compile")
 
@@ -86,7 +89,9 @@ def main() -> int:
           f"don't write bytecode: {result['dont_write_bytecode']})")  # fmt: skip
     prev = 0.0
     for r in rows:
-        print(f"  {r['imports']:<28} {r['median_s']:7.3f} s [{r['min_s']:.3f}-{r['max_s']:.3f}]  +{r['median_s'] - prev:.3f}")
+        print(
+            f"  {r['imports']:<28} {r['median_s']:7.3f} s [{r['min_s']:.3f}-{r['max_s']:.3f}]  +{r['median_s'] - prev:.3f}"
+        )
         prev = r["median_s"]
     for c in caches:
         if c.get("found", True):
