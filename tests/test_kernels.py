@@ -487,21 +487,26 @@ def test_triton_ops_inside_torch_compile():
     torch._dynamo.reset()
     bf = torch.bfloat16
 
-    def fn(x, w, h, emb, cos, sin, wan_cos, wan_sin):
+    def fn(x, w, h, emb, cos, sin, wan_cos, wan_sin, freqs):
         shift, scale, gate = emb.chunk(3, dim=1)
         q = ops.rms_norm_rope_triton(x, w, None, None, cos, sin, EPS, False, False, "per_element")
         # Wan's form at W2's shape class: norm across heads, per-pair tables (measured wrong in a graph before).
         k = ops.rms_norm_rope_triton(x, x.new_ones(4 * 64), None, None, wan_cos, wan_sin, EPS, False, True, "per_pair")
+        # the complex form (Qwen-Image's): one complex table's real view passed as both per-pair tables
+        table = torch.view_as_real(freqs).reshape(freqs.shape[0], -1)
+        c = ops.rms_norm_rope_triton(x, w, None, None, table, table, EPS, False, False, "per_pair")
         n = ops.rms_norm_triton(x, w, EPS, False)
         a = ops.adaln_triton(h, scale[:, None], shift[:, None], EPS, "layer", True)
-        return q, k, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
+        return q, k, c, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=False)
     for seed in range(4):
         g = _gen(seed)
         args = (randn(1, 256, 4, 64, dtype=bf, g=g), randn(64, dtype=bf, g=g), randn(1, 256, 256, dtype=bf, g=g),
                 randn(1, 3 * 256, dtype=bf, g=g), *rope_tables("flux", 256, 64, torch.float32, g)[:2],
-                *rope_tables("wan", 256, 64, bf, g)[:2])  # fmt: skip
-        for name, e, c in zip(("rope", "wan_rope", "rms_norm", "adaln", "gated"), fn(*args), compiled(*args)):
+                *rope_tables("wan", 256, 64, bf, g)[:2],
+                torch.polar(torch.ones(256, 32, device=DEV), randn(256, 32, g=g)))  # fmt: skip
+        names = ("rope", "wan_rope", "complex_rope", "rms_norm", "adaln", "gated")
+        for name, e, c in zip(names, fn(*args), compiled(*args)):
             assert torch.equal(e, c), f"seed {seed}: {name}: {int((e != c).sum())} elements differ"
     torch._dynamo.reset()
