@@ -144,9 +144,10 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
         res["ready_s"] = round(res["load_s"] + first, 3)
         installed = loaded._omni_artifact
         graphs = installed.cuda_graphs
-        for w in workloads if mode != "artifact-preload" else ():  # its steps are the artifact mode's
+        timed = workloads if mode != "artifact-preload" else []  # the preload's steps are the artifact mode's
+        for w in timed:
             run(f"{mode}+graphs" if graphs is not None else mode, w)
-        if graphs is not None and mode != "artifact-preload":
+        if graphs is not None and timed:
             res["cuda_graphs"] = dict(graphs.stats, graphs=graphs.graphs)
             loaded.__dict__.pop("forward")  # the same packages, called from Python each step
             for w in workloads:

@@ -148,16 +148,9 @@ def complex_forms(cbw: bool, dtype: torch.dtype) -> tuple:
 
 def _complex_check(traced: torch.dtype):
     def check(match: Match) -> bool:
-        if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "weight", "fr")):
+        if not _x_and_weight_ok(match, traced, rank=4, nodes=("x", "weight", "fr")):
             return False
-        x = match.kwargs["x"].meta["val"]
-        if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced == torch.float32):
-            return False
-        if x.dim() != 4 or x.shape[-1] % 2 or not isinstance(match.kwargs.get("eps"), float):
-            return False
-        if tuple(match.kwargs["weight"].meta["val"].shape) != (x.shape[-1],):
-            return False
-        fr = match.kwargs["fr"].meta["val"]
+        x, fr = match.kwargs["x"].meta["val"], match.kwargs["fr"].meta["val"]
         s, d = x.shape[1], x.shape[3]
         # one table for the batch (a per-sample table, [B, S, 1, D/2] with B > 1, is left as it is)
         if fr.dtype not in (torch.float32, torch.float64) or tuple(fr.shape) not in ((s, 1, d // 2, 2), (1, s, 1, d // 2, 2)):
@@ -168,10 +161,10 @@ def _complex_check(traced: torch.dtype):
     return check
 
 
-def _x_and_weight_ok(match: Match, traced: torch.dtype, rank: int) -> bool:
-    """x, cos and sin are graph tensors; x has the rank, an even last dim and a dtype of the traced chain's kind
+def _x_and_weight_ok(match: Match, traced: torch.dtype, rank: int, nodes: tuple[str, ...] = ("x", "cos", "sin")) -> bool:
+    """`nodes` are graph tensors; x has the rank, an even last dim and a dtype of the traced chain's kind
     (fp32 chains have no casts; half-precision ones do); eps is a float; the weight, if any, is [last dim]."""
-    if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in ("x", "cos", "sin")):
+    if not all(isinstance(match.kwargs.get(n), torch.fx.Node) for n in nodes):
         return False
     x = match.kwargs["x"].meta["val"]
     if x.dtype not in DTYPES or (x.dtype == torch.float32) != (traced == torch.float32):

@@ -98,35 +98,20 @@ class Preload:
     from here, waiting for it; a file that failed to load raises its error there, in the caller's thread."""
 
     def __init__(self, root: Path, manifest: Manifest):
-        import threading
+        from concurrent.futures import ThreadPoolExecutor
 
         self.root = root
-        self.files = {e.file: e.pytree for e in manifest.files()}
-        self._done: dict[str, tuple[Any, BaseException | None]] = {}
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, args=(manifest.build.format,), name="omni-preload", daemon=True)
-        self._thread.start()
-
-    def _run(self, fmt: str) -> None:
-        for file, specs in self.files.items():
-            try:
-                result = (load_package(self.root / file, fmt, specs), None)
-            except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread by `get`
-                result = (None, e)
-            with self._cond:
-                self._done[file] = result
-                self._cond.notify_all()
+        # one thread, in the manifest's order (the order `install` asks for them); it ends after the last file
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omni-preload")
+        fmt = manifest.build.format
+        self._files = {e.file: pool.submit(load_package, root / e.file, fmt, e.pytree) for e in manifest.files()}
+        pool.shutdown(wait=False)
 
     def get(self, file: str):
         """The loaded file (waits for it)."""
-        if file not in self.files:
+        if file not in self._files:
             raise KeyError(f"{file} is not a file of {self.root}")
-        with self._cond:
-            self._cond.wait_for(lambda: file in self._done)
-            value, error = self._done[file]
-        if error is not None:
-            raise error
-        return value
+        return self._files[file].result()
 
 
 def preload(artifact: str | Path, checked: tuple[Manifest, list[str]]) -> Preload | None:
