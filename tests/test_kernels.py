@@ -330,6 +330,51 @@ def test_rms_norm_rope_head_tilings(H, D, across):
     check(launch, rms_norm_rope_native, args, _rope_mag(args))
 
 
+@pytest.mark.parametrize(
+    "style,across,tail,H,D,cbw",
+    [("flux", False, True, 3, 24, False), ("wan", True, False, 3, 24, True), ("flux", False, False, 1, 2048, False)],
+    ids=["flux-head-tail", "wan-across", "one-head-2048"],
+)
+def test_rms_norm_rope_pair_equals_two_launches(style, across, tail, H, D, cbw):
+    """q and k in one launch (the tables read once): each output bit for bit the single launch's, with y's own
+    strides, weights (none for y in one case) and tail. 1 x 2048 takes the stride-2 default tiling."""
+    g = _gen(9)
+    B, S1, S2 = 2, 3, 2
+    wn = H * D if across else D
+    x = randn(B, S1, 2 * H * D, dtype=torch.bfloat16, g=g, scale=2)[..., : H * D].unflatten(-1, (H, D))
+    y = randn(B, S1, H, D, dtype=torch.bfloat16, g=g)
+    xt, yt = (randn(B, S2, H, D, dtype=torch.bfloat16, g=g), randn(B, S2, H, D, dtype=torch.bfloat16, g=g)) if tail else (None, None)  # fmt: skip
+    w, wt = randn(wn, dtype=torch.bfloat16, g=g, offset=1), randn(wn, dtype=torch.bfloat16, g=g, offset=1)
+    wy = None if style == "wan" else randn(wn, dtype=torch.bfloat16, g=g, offset=1)
+    wyt = randn(wn, dtype=torch.bfloat16, g=g, offset=1) if tail else None
+    cos, sin, tables = rope_tables(style, S1 + (S2 if tail else 0), D, torch.float32, g)
+    shared = (cos, sin, EPS, cbw, across, tables)
+    args_x = (x, w, xt if tail else None, wt if tail else None, *shared)
+    args_y = (y, wy, yt, wyt, *shared)
+    assert rope_k.supports_pair(*args_x[:4], *args_y[:4], *shared) is None
+    if D == 2048:
+        assert rope_k._tiling(H, D, across) == (1, 1024, 4, False)
+    single_x = check(rope_k._launch, rms_norm_rope_native, args_x, _rope_mag(args_x))
+    single_y = check(rope_k._launch, rms_norm_rope_native, args_y, _rope_mag(args_y))
+    out_x, out_y = rope_k._rms_norm_rope_pair_impl(*args_x[:4], *args_y[:4], *shared)
+    assert torch.equal(out_x, single_x) and torch.equal(out_y, single_y)
+
+
+def test_rms_norm_rope_pair_refuses_calls_that_differ():
+    g = _gen(10)
+    x = randn(1, 3, 2, 8, dtype=torch.bfloat16, g=g)
+    cos, sin, tables = rope_tables("flux", 3, 8, torch.float32, g)
+    shared = (cos, sin, EPS, False, False, tables)
+    assert "y has shape (1, 3, 1, 8), x (1, 3, 2, 8)" in rope_k.supports_pair(
+        x, None, None, None, x[:, :, :1], None, None, None, *shared
+    )
+    cos5, sin5, _ = rope_tables("flux", 5, 8, torch.float32, g)
+    tail = randn(1, 2, 2, 8, dtype=torch.bfloat16, g=g)
+    assert rope_k.supports_pair(x, None, tail, None, x, None, None, None, cos5, sin5, *shared[2:]) == (
+        "cos has shape (5, 8), expected (3, 8)"  # y without the tail does not span the tables
+    )
+
+
 # ------------------------------------------------------------------ supports, registry
 
 

@@ -13,6 +13,7 @@ from omni_compile.ops.registry import (
     Implementation,
     Kernel,
     KernelUnavailableError,
+    PairedLaunch,
     Resolution,
     implementations,
     register,
@@ -28,5 +29,6 @@ from omni_compile.ops import (  # noqa: F401  (register the ops)
 )
 from omni_compile.ops import kernels  # noqa: F401,E402  (register the kernels)
 
-__all__ = ["AUTO", "FUSED_OPS", "NATIVE", "FusedOp", "Implementation", "Kernel", "KernelUnavailableError", "Resolution",
+__all__ = ["AUTO", "FUSED_OPS", "NATIVE", "FusedOp", "Implementation", "Kernel", "KernelUnavailableError", "PairedLaunch",
+           "Resolution",
            "implementations", "register", "select"]

@@ -183,6 +183,20 @@ def needs_triton(platform: Platform) -> str | None:
     return None if platform.triton_version else "Triton is not installed (pip install triton)"
 
 
+@dataclass(frozen=True)
+class PairedLaunch:
+    """A kernel's form that serves two calls of its op in one launch. The calls pass the same values for every
+    argument but `own` (the same graph nodes, equal constants), as the q and k of one attention do with their
+    rotary tables, which the launch then reads once. `launcher` and `supports` take the first call's arguments
+    by name, and the second call's `own` arguments under the names in `second`; `launcher` returns both
+    outputs, `supports` None when one launch serves both calls, else the reason."""
+
+    own: tuple[str, ...]
+    second: tuple[str, ...]
+    launcher: Callable
+    supports: Callable[..., str | None]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Kernel(Implementation):
     """A platform kernel of a fused op: a Triton kernel behind a `triton_op` with the op's exact schema."""
@@ -195,6 +209,8 @@ class Kernel(Implementation):
     # The plain launcher behind `overload` (allocates outputs, launches through wrap_triton); the lowering
     # traces it under functionalization so Inductor embeds the Triton kernels. None: call `overload`.
     launcher: Callable | None = None
+    # Two calls in one launch, where the lowering finds calls that share all but `pair.own` (None: none).
+    pair: PairedLaunch | None = None
     priority: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(ALL_PLATFORMS, 10))
     auto_on: tuple[str, ...] | None = ()
     available: Callable[[Platform], str | None] = needs_triton

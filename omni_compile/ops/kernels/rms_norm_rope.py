@@ -37,7 +37,7 @@ from omni_compile.ops.kernels._common import (
     round_to,
     width_reason,
 )
-from omni_compile.ops.registry import Kernel, register
+from omni_compile.ops.registry import Kernel, PairedLaunch, register
 from omni_compile.ops.rms_norm import rms_norm_out_dtype
 from omni_compile.ops.rms_norm_rope import TABLES
 
@@ -116,34 +116,30 @@ def _rope_normed(
 
 
 @triton.jit
-def _rms_norm_rope_kernel(
+def _normed_token(
     x_ptr,
     w_ptr,
     xt_ptr,
     wt_ptr,
-    c_ptr,
-    s_ptr,
-    out_ptr,
+    b,
+    s,
     S1,
-    S_total,
-    H,
-    D,
     sx_b,
     sx_s,
     sx_h,
     sxt_b,
     sxt_s,
     sxt_h,
-    sc,
-    ss,
+    heads,
+    hmask,
+    H,
+    D,
     eps,
     SXD: tl.constexpr,
     SXTD: tl.constexpr,
     SW: tl.constexpr,
     SWT: tl.constexpr,
-    SCD: tl.constexpr,
-    SSD: tl.constexpr,
-    PER_PAIR: tl.constexpr,
+    N_DTYPE: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_WT: tl.constexpr,
@@ -154,30 +150,131 @@ def _rms_norm_rope_kernel(
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """One token, BLOCK_H heads a program: RMSNorm (rounded to n's dtype), then the interleaved rotation."""
-    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
+    """The normalised (even, odd) halves of token (b, s): read from x below S1, else from x_tail at s - S1."""
+    if HAS_TAIL:
+        if s < S1:
+            ne, no = _rope_normed(
+                x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
+                SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            )  # fmt: skip
+        else:
+            ne, no = _rope_normed(
+                xt_ptr + (b * sxt_b + (s - S1).to(tl.int64) * sxt_s), sxt_h, wt_ptr, heads, hmask, H, D, eps,
+                SXTD, SWT, N_DTYPE, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            )  # fmt: skip
+    else:
+        ne, no = _rope_normed(
+            x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
+            SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+        )  # fmt: skip
+    return ne, no
+
+
+@triton.jit
+def _store_rotated(
+    out_ptr,
+    tok,
+    heads,
+    hmask,
+    H,
+    D,
+    ne,
+    no,
+    ce,
+    co,
+    se,
+    so,
+    SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """Rotate the normalised halves with the token's table columns and store them at token `tok` of `out`."""
     n_dtype = out_ptr.dtype.element_ty
+    out_e = cast_to(ne * ce - no * se, n_dtype, EMULATE_RTNE)
+    out_o = cast_to(no * co + ne * so, n_dtype, EMULATE_RTNE)
+    out_base = out_ptr + tok.to(tl.int64) * H * D + heads.to(tl.int64)[:, None] * D
+    if SPLIT:
+        cols = tl.arange(0, 2 * BLOCK_HALF)
+        out = tl.reshape(tl.join(out_e, out_o), (BLOCK_H, 2 * BLOCK_HALF))
+        tl.store(out_base + cols[None, :], out, mask=hmask[:, None] & (cols < D)[None, :])
+    else:
+        half = tl.arange(0, BLOCK_HALF)
+        mask = hmask[:, None] & (half < D // 2)[None, :]
+        tl.store(out_base + (2 * half)[None, :], out_e, mask=mask)
+        tl.store(out_base + (2 * half + 1)[None, :], out_o, mask=mask)
+
+
+@triton.jit
+def _rms_norm_rope_kernel(
+    x_ptr,
+    w_ptr,
+    xt_ptr,
+    wt_ptr,
+    y_ptr,
+    wy_ptr,
+    yt_ptr,
+    wyt_ptr,
+    c_ptr,
+    s_ptr,
+    out_ptr,
+    outy_ptr,
+    S1,
+    S_total,
+    H,
+    D,
+    sx_b,
+    sx_s,
+    sx_h,
+    sxt_b,
+    sxt_s,
+    sxt_h,
+    sy_b,
+    sy_s,
+    sy_h,
+    syt_b,
+    syt_s,
+    syt_h,
+    sc,
+    ss,
+    eps,
+    SXD: tl.constexpr,
+    SXTD: tl.constexpr,
+    SW: tl.constexpr,
+    SWT: tl.constexpr,
+    SYD: tl.constexpr,
+    SYTD: tl.constexpr,
+    SWY: tl.constexpr,
+    SWYT: tl.constexpr,
+    SCD: tl.constexpr,
+    SSD: tl.constexpr,
+    PER_PAIR: tl.constexpr,
+    HAS_TAIL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_WT: tl.constexpr,
+    PAIR: tl.constexpr,
+    HAS_WY: tl.constexpr,
+    HAS_WYT: tl.constexpr,
+    CAST_BEFORE_W: tl.constexpr,
+    ACROSS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """One token, BLOCK_H heads a program: RMSNorm (rounded to n's dtype), then the interleaved rotation;
+    with PAIR, the same for y (its own weights, output `outy`) with the table columns read once."""
+    eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
     tok = tl.program_id(0)
     b = (tok // S_total).to(tl.int64)
     s = tok % S_total
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    if HAS_TAIL:
-        if s < S1:
-            ne, no = _rope_normed(
-                x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
-                SXD, SW, n_dtype, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
-            )  # fmt: skip
-        else:
-            ne, no = _rope_normed(
-                xt_ptr + (b * sxt_b + (s - S1).to(tl.int64) * sxt_s), sxt_h, wt_ptr, heads, hmask, H, D, eps,
-                SXTD, SWT, n_dtype, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
-            )  # fmt: skip
-    else:
-        ne, no = _rope_normed(
-            x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
-            SXD, SW, n_dtype, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
-        )  # fmt: skip
+    ne, no = _normed_token(
+        x_ptr, w_ptr, xt_ptr, wt_ptr, b, s, S1, sx_b, sx_s, sx_h, sxt_b, sxt_s, sxt_h, heads, hmask, H, D, eps,
+        SXD, SXTD, SW, SWT, out_ptr.dtype.element_ty, HAS_TAIL, HAS_W, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT,
+        BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+    )  # fmt: skip
     half = tl.arange(0, BLOCK_HALF)
     hm = half < D // 2
     s64 = s.to(tl.int64)
@@ -193,17 +290,16 @@ def _rms_norm_rope_kernel(
     else:
         co = tl.load(c_row + (2 * half + 1) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
         se = tl.load(s_row + (2 * half) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
-    out_e = cast_to(ne * ce - no * se, n_dtype, EMULATE_RTNE)
-    out_o = cast_to(no * co + ne * so, n_dtype, EMULATE_RTNE)
-    out_base = out_ptr + tok.to(tl.int64) * H * D + heads.to(tl.int64)[:, None] * D
-    if SPLIT:
-        cols = tl.arange(0, 2 * BLOCK_HALF)
-        out = tl.reshape(tl.join(out_e, out_o), (BLOCK_H, 2 * BLOCK_HALF))
-        tl.store(out_base + cols[None, :], out, mask=hmask[:, None] & (cols < D)[None, :])
-    else:
-        mask = hmask[:, None] & hm[None, :]
-        tl.store(out_base + (2 * half)[None, :], out_e, mask=mask)
-        tl.store(out_base + (2 * half + 1)[None, :], out_o, mask=mask)
+    _store_rotated(out_ptr, tok, heads, hmask, H, D, ne, no, ce, co, se, so, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE)
+    if PAIR:
+        ye, yo = _normed_token(
+            y_ptr, wy_ptr, yt_ptr, wyt_ptr, b, s, S1, sy_b, sy_s, sy_h, syt_b, syt_s, syt_h, heads, hmask, H, D,
+            eps, SYD, SYTD, SWY, SWYT, outy_ptr.dtype.element_ty, HAS_TAIL, HAS_WY, HAS_WYT, CAST_BEFORE_W, ACROSS,
+            SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+        )  # fmt: skip
+        _store_rotated(
+            outy_ptr, tok, heads, hmask, H, D, ye, yo, ce, co, se, so, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE
+        )
 
 
 def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables) -> str | None:
@@ -250,35 +346,57 @@ def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, 
     return None
 
 
+def supports_pair(x, weight, x_tail, weight_tail, y, weight_y, y_tail, weight_y_tail, cos, sin, eps,
+                  cast_before_weight, across_heads, tables) -> str | None:  # fmt: skip
+    """None when one launch can serve both calls (x's and y's, the rest shared), else the reason."""
+    shared = (cos, sin, eps, cast_before_weight, across_heads, tables)
+    reason = first(
+        supports(x, weight, x_tail, weight_tail, *shared), supports(y, weight_y, y_tail, weight_y_tail, *shared)
+    )
+    if reason:
+        return reason
+    if tuple(y.shape) != tuple(x.shape):
+        return f"y has shape {tuple(y.shape)}, x {tuple(x.shape)}"
+    if (x_tail is None) != (y_tail is None) or (x_tail is not None and x_tail.shape[1] != y_tail.shape[1]):
+        return "x and y differ in their tails"
+    return None
+
+
 # Elements of one program's tile: 8 heads of 128 (FLUX, per head), or all 16 (padded) of Wan's 12.
 ROPE_TILE = 1024
 
 
-def _tiling(H: int, D: int, across: bool) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_HALF, num_warps): all heads when across heads or when they fit ROPE_TILE, else the
-    largest power of two dividing H that fits; 2 warps up to 2048 elements (measured best on the H200
-    at the FLUX and Wan shapes, against 4 or 8 warps and 4 to 32 heads a program)."""
+def _tiling(H: int, D: int, across: bool) -> tuple[int, int, int, bool]:
+    """(BLOCK_H, BLOCK_HALF, num_warps, SPLIT): all heads when across heads or when they fit ROPE_TILE, else
+    the largest power of two dividing H that fits; 2 warps up to 2048 elements (measured best on the H200 at
+    the FLUX and Wan shapes, against 4 or 8 warps and 4 to 32 heads a program). One head of 2048 or more
+    elements a program (a whole token as one head: LTX-Video's q/k over 32 x 64) takes stride-2 halves and
+    4 warps (H100, 1 x 2048: 58.8 us against 64.2 with the split load and 2 warps)."""
     block_half = next_pow2(D // 2)
     block_d = 2 * block_half
     if across or next_pow2(H) * block_d <= ROPE_TILE:
         block_h = next_pow2(H)
     else:
         block_h = max(1, min(H & -H, ROPE_TILE // block_d))
+    if block_h == 1 and block_d >= 2048:
+        return block_h, block_half, 4, False
     num_warps = min(16, max(2, block_h * block_d // 1024))
-    return block_h, block_half, num_warps
+    return block_h, block_half, num_warps, True
 
 
 def _launch(
     x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out, config=None,
+    pair=None,
 ):  # fmt: skip
     """Launch the kernel writing `out` (contiguous [B, S1 + S2, H, D] of n's dtype).
 
-    `config` (tests and benchmarks only) overrides BLOCK_H, num_warps and SPLIT.
+    `pair`: (y, weight_y, y_tail, weight_y_tail, out_y), a second call with the same tables and flags, in the
+    same launch (each program reads its token's table columns once for both). `config` (tests and benchmarks
+    only) overrides BLOCK_H, num_warps and SPLIT.
     """
     B, S1, H, D = x.shape
     s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
-    block_h, block_half, num_warps = _tiling(H, D, across_heads)
-    split = True
+    block_h, block_half, num_warps, split = _tiling(H, D, across_heads)
     if config:
         block_h = config.get("BLOCK_H", block_h)
         num_warps = config.get("num_warps", num_warps)
@@ -286,14 +404,24 @@ def _launch(
     xt = x if x_tail is None else x_tail
     w = x if weight is None else weight
     wt = x if weight_tail is None else weight_tail
+    # unpaired: x stands for y's pointers, as for a missing weight (PAIR=False never reads or writes them)
+    y, weight_y, y_tail, weight_y_tail, out_y = pair if pair is not None else (x, None, None, None, x)
+    yt = y if y_tail is None else y_tail
+    wy = y if weight_y is None else weight_y
+    wyt = y if weight_y_tail is None else weight_y_tail
     launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
         x,
         w,
         xt,
         wt,
+        y,
+        wy,
+        yt,
+        wyt,
         cos,
         sin,
         out,
+        out_y,
         S1,
         s_total,
         H,
@@ -304,6 +432,12 @@ def _launch(
         xt.stride(0),
         xt.stride(1),
         xt.stride(2),
+        y.stride(0),
+        y.stride(1),
+        y.stride(2),
+        yt.stride(0),
+        yt.stride(1),
+        yt.stride(2),
         cos.stride(0),
         sin.stride(0),
         eps,
@@ -311,12 +445,19 @@ def _launch(
         SXTD=xt.stride(3),
         SW=1 if weight is None else weight.stride(0),
         SWT=1 if weight_tail is None else weight_tail.stride(0),
+        SYD=y.stride(3),
+        SYTD=yt.stride(3),
+        SWY=1 if weight_y is None else weight_y.stride(0),
+        SWYT=1 if weight_y_tail is None else weight_y_tail.stride(0),
         SCD=cos.stride(1),
         SSD=sin.stride(1),
         PER_PAIR=tables == "per_pair",
         HAS_TAIL=x_tail is not None,
         HAS_W=weight is not None,
         HAS_WT=weight_tail is not None,
+        PAIR=pair is not None,
+        HAS_WY=weight_y is not None,
+        HAS_WYT=weight_y_tail is not None,
         CAST_BEFORE_W=bool(cast_before_weight),
         ACROSS=bool(across_heads),
         SPLIT=split,
@@ -325,7 +466,15 @@ def _launch(
         EMULATE_RTNE=EMULATE_RTNE,
         num_warps=num_warps,
     )
-    return out
+    return out if pair is None else (out, out_y)
+
+
+def _new_out(x, x_tail, weight, cast_before_weight):
+    B, S1, H, D = x.shape
+    s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
+    # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
+    # (a bare torch.empty there would allocate a real tensor).
+    return x.new_empty((B, s_total, H, D), dtype=rms_norm_out_dtype(x, weight, cast_before_weight))
 
 
 def _rms_norm_rope_impl(
@@ -341,12 +490,21 @@ def _rms_norm_rope_impl(
     tables: str,
 ) -> torch.Tensor:
     """`omni_compile::rms_norm_rope` as one Triton kernel."""
-    B, S1, H, D = x.shape
-    s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
-    # new_empty dispatches on x, so under the lowering's functional trace the output is fake like x
-    # (a bare torch.empty there would allocate a real tensor).
-    out = x.new_empty((B, s_total, H, D), dtype=rms_norm_out_dtype(x, weight, cast_before_weight))
+    out = _new_out(x, x_tail, weight, cast_before_weight)
     return _launch(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out)
+
+
+def _rms_norm_rope_pair_impl(
+    x, weight, x_tail, weight_tail, y, weight_y, y_tail, weight_y_tail, cos, sin, eps, cast_before_weight,
+    across_heads, tables,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Two `omni_compile::rms_norm_rope` calls that share their tables and flags (the q and k of one
+    attention), in one launch: (the call on x, the call on y)."""
+    out = _new_out(x, x_tail, weight, cast_before_weight)
+    out_y = _new_out(y, y_tail, weight_y, cast_before_weight)
+    pair = (y, weight_y, y_tail, weight_y_tail, out_y)
+    return _launch(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out,
+                   pair=pair)  # fmt: skip
 
 
 # The triton_op runs the kernel eagerly and under torch.compile from the start of a graph; the lowering
@@ -364,6 +522,13 @@ KERNEL = register(
         overload=torch.ops.omni_compile.rms_norm_rope_triton.default,
         supports=supports,
         launcher=_rms_norm_rope_impl,
+        # q and k of one attention share the rotary tables: one launch reads them once for both
+        pair=PairedLaunch(
+            own=("x", "weight", "x_tail", "weight_tail"),
+            second=("y", "weight_y", "y_tail", "weight_y_tail"),
+            launcher=_rms_norm_rope_pair_impl,
+            supports=supports_pair,
+        ),
         auto_on=("cuda",),
         description="Triton kernel, embedded in Inductor's generated code",
     )
