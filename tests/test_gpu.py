@@ -74,3 +74,27 @@ def test_kernels_are_embedded_in_inductor_code(fresh_dynamo, no_inductor_cache):
     for kernel in ("_rms_norm_rope_kernel", "_adaln_kernel", "_gated_residual_kernel"):
         assert kernel in code, kernel
     assert "omni_compile.rms_norm_rope_triton" not in code and "omni_compile.adaln_triton" not in code
+
+
+@pytest.mark.parametrize("preset,shape", [("flux-tiny", "128x128"), ("wan-tiny", "64x96x9")])
+def test_paired_rope_launch_matches_separate_launches(preset, shape, fresh_dynamo, no_inductor_cache):
+    """q's and k's norm + RoPE as one launch (the default) give what two launches give, on the compiled model,
+    and both stay at the eager model's level (bf16)."""
+    spec = resolve_model(preset)
+    outs, paired = {}, {}
+    for pair in (True, False):
+        torch._dynamo.reset()
+        model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
+        inputs = spec.adapter.example_inputs(
+            model, ShapeBucket.parse(shape), dtype=torch.bfloat16, device="cuda", text_len=spec.text_len, seed=1
+        )
+        with torch.no_grad():
+            ref = model(**inputs)[0].double()
+        omni_compile.compile(model, omni_compile.CompileConfig(pass_options={"lower_fused_ops": {"pair": pair}}))
+        with torch.no_grad():
+            outs[pair] = model(**inputs)[0].double()
+        records = omni_compile.compile_state(model).records
+        paired[pair] = [r.resolutions.get("rms_norm_rope", {}).get("paired", 0) for r in records]
+        assert float((outs[pair] - ref).norm() / ref.norm()) < 1e-2, pair
+    assert all(n == 2 for n in paired[True]) and not any(paired[False]), paired
+    assert float((outs[True] - outs[False]).norm() / outs[False].norm()) < 1e-3
