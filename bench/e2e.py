@@ -19,7 +19,8 @@ results and prints one table. Modes:
   omni-warm   a new process that loads omni's cache bundle first, then compiles (warm start)
 
 omni modes take items after '/': pass switches (`omni/-adaln`), kernel choices (`omni/*=triton`), the
-default attention backend (`omni/attn=FA3_ATTN`), `measure=false` (auto takes the first capable backend
+default attention backend (`omni/attn=FA3_ATTN`), pass options (`omni/lower_fused_ops.pair=false`: PASS.OPTION=JSON
+value), `measure=false` (auto takes the first capable backend
 instead of the fastest measured one), `cg` (whole-step CUDA graphs: `compile(..., cuda_graphs=True)`) and
 `fuse` (the load-time weight transform `fuse_projections`: q/k/v projections as one GEMM) and `fp8` (the
 lossy weight transform `fp8`: the blocks' Linears as fp8 GEMMs, docs/fast-mode.md).
@@ -188,6 +189,15 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         transforms = [t for item, t in (("fuse", "fuse_projections"), ("fp8", "fp8")) if item in items]
         switches = [i for i in items if "=" not in i and i not in ("cg", "fuse", "fp8")]
         choices = dict(i.split("=", 1) for i in items if "=" in i)
+        pass_options: dict[str, dict] = {}
+        for key in [k for k in choices if "." in k]:  # PASS.OPTION=VALUE (JSON, or a plain string)
+            value = choices.pop(key)
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+            pass_name, option = key.split(".", 1)
+            pass_options.setdefault(pass_name, {})[option] = value
         attention = {"default": {"backend": choices.pop("attn")}} if "attn" in choices else {}
         if "measure" in choices:
             attention["measure"] = choices.pop("measure") == "true"
@@ -195,8 +205,13 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         if base == "omni-warm":
             info = torch.compiler.load_cache_artifacts(bundle.read_bytes())
             del info
-        config = omni_compile.CompileConfig(passes=switches, kernels=kernels, attention=attention,
-                                            weight_transforms=transforms)
+        config = omni_compile.CompileConfig(
+            passes=switches,
+            kernels=kernels,
+            attention=attention,
+            weight_transforms=transforms,
+            pass_options=pass_options,
+        )
         omni_compile.compile(model, config, cuda_graphs=cuda_graphs)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 import omni_compile.ops  # noqa: F401  (registers the ops and kernels)
+from omni_compile.ops import FUSED_OPS
 from omni_compile.ops.kernels import adaln as adaln_k
 from omni_compile.ops.kernels import gated_residual as gated_k
 from omni_compile.ops.kernels import rms_norm as rms_k
@@ -112,6 +113,9 @@ class Case:
     ours_args: tuple
     launch: object  # the module's _launch(*ours_args, out, config=...)
     configs: list = field(default_factory=list)
+    # rms_norm_rope: the q-like inputs among eager_args and ours_args; a k of their shapes makes the second
+    # call of the pair (Inductor's code for both, our two launches, our paired launch)
+    pair: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 def flux_tables(S: int, hd: int, device):
@@ -173,7 +177,7 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     cases.append(Case("W1 rms_norm_rope single", lambda x, c, s: apply_rotary_emb(norm_q(x), (c, s), sequence_dim=1),
                       (x, cos, sin), ops.rms_norm_rope_triton,
                       (x, norm_q.weight, None, None, *tabs, EPS, False, False, "per_element"), rope_k._launch,
-                      _rope_configs(H1, hd, False)))  # fmt: skip
+                      _rope_configs(H1, hd, False), pair=((0,), (0,))))  # fmt: skip
     txt, img = randn(1, S_txt, H1, hd), randn(1, S_img, H1, hd)
 
     def flux_double(txt, img, c, s):
@@ -183,7 +187,7 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     cases.append(Case("W1 rms_norm_rope double", flux_double, (txt, img, cos, sin), ops.rms_norm_rope_triton,
                       (txt, norm_added_q.weight, img, norm_q.weight, *tabs, EPS, False, False, "per_element"),
                       rope_k._launch,
-                      _rope_configs(H1, hd, False)))  # fmt: skip
+                      _rope_configs(H1, hd, False), pair=((0, 1), (0, 2))))  # fmt: skip
 
     # Wan: norm_q = RMSNorm(H * 128) over the flat query, unflatten to heads, Wan's rope with [1, S, 1, 128] freqs.
     ang = torch.rand(1, S2, 1, hd // 2, device=dev) * 100
@@ -195,7 +199,7 @@ def make_cases(device: str, quick: bool) -> list[Case]:
                       lambda q, fc, fs: wan_rope(norm_w(q).unflatten(2, (H2, -1)), fc, fs), (q, freqs_cos, freqs_sin),
                       ops.rms_norm_rope_triton,
                       (q.unflatten(2, (H2, hd)), norm_w.weight, None, None, *wan_tabs, EPS, False, True, "per_pair"),
-                      rope_k._launch, _rope_configs(H2, hd, True)))  # fmt: skip
+                      rope_k._launch, _rope_configs(H2, hd, True), pair=((0,), (0,))))  # fmt: skip
 
     # W5-ltx: LTX-Video 2B (2048 = 32 x 64, 6,144 tokens): the norm over the whole [B, S, 2048] projection, then the
     # interleaved rope with per-element [1, S, 2048] fp32 tables, before the unflatten; one "head" of 2048 for the op
@@ -213,7 +217,7 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     x = randn(1, S5, D5)
     cases.append(Case("W5-ltx rms_norm_rope interleaved", ltx, (x, cos5, sin5), ops.rms_norm_rope_triton,
                       (x.unsqueeze(2), norm_5.weight, None, None, cos5[0], sin5[0], EPS, False, False, "per_element"),
-                      rope_k._launch, _rope_configs(1, D5, False, warps=(2, 4, 8, 16))))  # fmt: skip
+                      rope_k._launch, _rope_configs(1, D5, False, warps=(2, 4, 8, 16)), pair=((0,), (0,))))  # fmt: skip
 
     # Qwen-Image 1024² (24 x 128, 4,096 image tokens): per-head norm, then the complex rope with a [S, 64] complex64
     # table, whose real view [S, 128] is both per-pair tables of the op
@@ -227,7 +231,7 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     table = torch.view_as_real(freqs).reshape(S_img, hd)
     cases.append(Case("Qwen-Image rms_norm_rope complex", qwen, (x, freqs), ops.rms_norm_rope_triton,
                       (x, norm_q.weight, None, None, table, table, EPS, False, False, "per_pair"),
-                      rope_k._launch, _rope_configs(H1, hd, False)))  # fmt: skip
+                      rope_k._launch, _rope_configs(H1, hd, False), pair=((0,), (0,))))  # fmt: skip
     return cases
 
 
@@ -367,6 +371,8 @@ def run_case(case: Case, device: str, reps: int | None, sweep: bool) -> list[dic
         ind = rows[1]
         for r in rows[2:]:
             r["speedup_vs_inductor"] = ind["median_us"] / r["median_us"]
+        if case.pair is not None:
+            rows += _pair_rows(case, device, reps, ref, nbytes)
         if sweep:
             for cfg in case.configs:
                 out = torch.empty_like(case.ours(*case.ours_args))
@@ -377,6 +383,37 @@ def run_case(case: Case, device: str, reps: int | None, sweep: bool) -> list[dic
                 row["speedup_vs_inductor"] = ind["median_us"] / med
                 rows.append(row)
     torch._dynamo.reset()
+    return rows
+
+
+def _pair_rows(case: Case, device: str, reps: int | None, ref: torch.Tensor, nbytes: int) -> list[dict]:
+    """q and k of one attention: Inductor's code for both in one graph, our two launches, our paired launch.
+    The bytes are twice a call's: the paired launch reads the tables once, so its GB/s is counted high."""
+    own_eager, own_ours = case.pair
+    k = {i: torch.randn_like(case.eager_args[i]) for i in own_eager}
+    eager_k = tuple(k.get(i, a) for i, a in enumerate(case.eager_args))
+    ours_k = list(case.ours_args)
+    for i, j in zip(own_ours, own_eager):
+        ours_k[i] = k[j].view_as(case.ours_args[i]) if k[j].is_contiguous() else k[j]
+    ours_k = tuple(ours_k)
+    both = torch.compile(lambda a, b: (case.eager(*a), case.eager(*b)), fullgraph=True, dynamic=False)
+    ref_k = case.eager(*eager_k)
+    kernel = FUSED_OPS["rms_norm_rope"].kernels["triton"]
+    names = FUSED_OPS["rms_norm_rope"].arg_names
+    paired = dict(zip(names, case.ours_args))
+    paired.update({s: v for s, v in zip(kernel.pair.second, ours_k)})
+    impls = {
+        "ind q+k": lambda: both(case.eager_args, eager_k),
+        "ours q+k": lambda: (case.ours(*case.ours_args), case.ours(*ours_k)),
+        "ours pair": lambda: kernel.pair.launcher(**paired),
+    }
+    rows = []
+    for impl, fn in impls.items():
+        out, out_k = fn()
+        lo, med, hi = timeit(fn, device, reps)
+        rows.append(_row(case.name, impl, (lo, med, hi), 2 * nbytes, max(max_rel(out, ref), max_rel(out_k, ref_k))))
+    for r in rows[1:]:
+        r["speedup_vs_inductor"] = rows[0]["median_us"] / r["median_us"]
     return rows
 
 
