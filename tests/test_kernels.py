@@ -245,9 +245,9 @@ def test_gated_residual_tilings(D):
 def rope_tables(style: str, S: int, D: int, dtype, g):
     """(cos, sin, tables) as FLUX or Wan make them. The angles are random per element (not repeated per
     pair), so reading the wrong column of a table changes the result."""
-    if style == "flux":  # apply_rotary_emb(use_real_unbind_dim=-1): cos/sin [S, D]
+    if style in ("flux", "halves"):  # apply_rotary_emb(use_real_unbind_dim=-1 or -2): cos/sin [S, D]
         ang = randn(S, D, g=g, scale=3)
-        return ang.cos().to(dtype), ang.sin().to(dtype), "per_element"
+        return ang.cos().to(dtype), ang.sin().to(dtype), "per_element" if style == "flux" else "halves"
     # Wan: freqs_cos / freqs_sin [1, S, 1, D], passed as a free [S, D] reshape
     ang = randn(1, S, 1, D, g=g, scale=3)
     return ang.cos().to(dtype).reshape(S, D), ang.sin().to(dtype).reshape(S, D), "per_pair"
@@ -266,8 +266,12 @@ def _rope_mag(args):
     n = _norm(x, w, eps, cbw, across)
     if xt is not None:
         n = torch.cat([n, _norm(xt, wt, eps, cbw, across)], dim=1)
-    ne, no = n[..., 0::2].abs(), n[..., 1::2].abs()
     c, s = cos.abs()[None, :, None, :], sin.abs()[None, :, None, :]
+    if tables == "halves":
+        d = n.shape[-1] // 2
+        first, second = n[..., :d].abs(), n[..., d:].abs()
+        return torch.cat([first * c[..., :d] + second * s[..., :d], second * c[..., d:] + first * s[..., d:]], -1)
+    ne, no = n[..., 0::2].abs(), n[..., 1::2].abs()
     ce, so = c[..., 0::2], s[..., 1::2]
     co, se = (ce, so) if tables == "per_pair" else (c[..., 1::2], s[..., 0::2])
     return torch.stack([ne * ce + no * se, no * co + ne * so], dim=-1).flatten(-2)
@@ -279,7 +283,7 @@ def rope_cases():
     for dtype in DTYPES:
         for across in (False, True):
             for tail in (False, True):
-                for style in ("flux", "wan"):
+                for style in ("flux", "wan", "halves"):
                     weights = ["none", "weight", "cast_before_weight"]
                     if dtype != torch.float32:
                         weights.append("fp32_cast_before_weight")
@@ -303,7 +307,7 @@ def test_rms_norm_rope(dtype, across, tail, style, weights, split):
     if weights != "none":
         w = randn(wn, dtype=wdt, g=g, offset=1)
         wt = randn(wn, dtype=wdt, g=g, offset=1) if tail else None
-    tabs = rope_tables(style, S1 + (S2 if tail else 0), D, torch.float32 if style == "flux" else dtype, g)
+    tabs = rope_tables(style, S1 + (S2 if tail else 0), D, dtype if style == "wan" else torch.float32, g)
     args = rope_args(x, w, xt, wt, tabs, weights.endswith("cast_before_weight"), across)
     assert rope_k.supports(*args) is None
 
@@ -332,8 +336,9 @@ def test_rms_norm_rope_head_tilings(H, D, across):
 
 @pytest.mark.parametrize(
     "style,across,tail,H,D,cbw",
-    [("flux", False, True, 3, 24, False), ("wan", True, False, 3, 24, True), ("flux", False, False, 1, 2048, False)],
-    ids=["flux-head-tail", "wan-across", "one-head-2048"],
+    [("flux", False, True, 3, 24, False), ("wan", True, False, 3, 24, True), ("flux", False, False, 1, 2048, False),
+     ("halves", False, False, 3, 20, False)],
+    ids=["flux-head-tail", "wan-across", "one-head-2048", "halves-head"],
 )
 def test_rms_norm_rope_pair_equals_two_launches(style, across, tail, H, D, cbw):
     """q and k in one launch (the tables read once): each output bit for bit the single launch's, with y's own
@@ -540,9 +545,11 @@ def test_triton_ops_inside_torch_compile():
         # the complex form (Qwen-Image's): one complex table's real view passed as both per-pair tables
         table = torch.view_as_real(freqs).reshape(freqs.shape[0], -1)
         c = ops.rms_norm_rope_triton(x, w, None, None, table, table, EPS, False, False, "per_pair")
+        # rotate-half (Cosmos'): pair i is (i, i + D/2), per-element tables
+        r = ops.rms_norm_rope_triton(x, w, None, None, cos, sin, EPS, False, False, "halves")
         n = ops.rms_norm_triton(x, w, EPS, False)
         a = ops.adaln_triton(h, scale[:, None], shift[:, None], EPS, "layer", True)
-        return q, k, c, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
+        return q, k, c, r, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=False)
     for seed in range(4):
@@ -551,7 +558,11 @@ def test_triton_ops_inside_torch_compile():
                 randn(1, 3 * 256, dtype=bf, g=g), *rope_tables("flux", 256, 64, torch.float32, g)[:2],
                 *rope_tables("wan", 256, 64, bf, g)[:2],
                 torch.polar(torch.ones(256, 32, device=DEV), randn(256, 32, g=g)))  # fmt: skip
-        names = ("rope", "wan_rope", "complex_rope", "rms_norm", "adaln", "gated")
-        for name, e, c in zip(names, fn(*args), compiled(*args)):
+        names = ("rope", "wan_rope", "complex_rope", "halves_rope", "rms_norm", "adaln", "gated")
+        outs = fn(*args)
+        for name, e, c in zip(names, outs, compiled(*args), strict=True):
             assert torch.equal(e, c), f"seed {seed}: {name}: {int((e != c).sum())} elements differ"
+        # and the halves against the native op (float math in another order: within 2 bf16 ulps)
+        ref = rms_norm_rope_native(args[0], args[1], None, None, args[4], args[5], EPS, False, False, "halves")
+        assert (outs[3].float() - ref.float()).abs().max() <= 2 * 2**-8 * ref.float().abs().max()
     torch._dynamo.reset()

@@ -11,7 +11,10 @@ computed in fp32 and rounded once to n's dtype. `cos` and `sin` are the model's 
 
 - "per_element" (FLUX's `apply_rotary_emb(use_real_unbind_dim=-1)`): each output element has its own
   column, cos_e = cos[:, 0::2], cos_o = cos[:, 1::2], sin_e = sin[:, 0::2], sin_o = sin[:, 1::2];
-- "per_pair" (Wan's rotary embedding): both elements of pair i use cos[:, 2i] and sin[:, 2i+1].
+- "per_pair" (Wan's rotary embedding): both elements of pair i use cos[:, 2i] and sin[:, 2i+1];
+- "halves" (rotate-half RoPE, `apply_rotary_emb(use_real_unbind_dim=-2)`: Cosmos, CogView4, OmniGen): pair i
+  is elements (i, i + D/2) instead of (2i, 2i + 1), each with its own column: out[..., i] = n[i] * cos[:, i] -
+  n[i + D/2] * sin[:, i], out[..., i + D/2] = n[i + D/2] * cos[:, i + D/2] + n[i] * sin[:, i + D/2].
 
 Shapes: `x` [B, S1, H, D], `x_tail` [B, S2, H, D] or None, tables [S1 + S2, D] (any strides),
 output [B, S1 + S2, H, D] contiguous. `weight` is [D] (per head) or [H * D] (`across_heads=True`),
@@ -25,7 +28,7 @@ import torch
 from omni_compile.ops.registry import FusedOp, register_fused_op
 from omni_compile.ops.rms_norm import rms_norm_native, rms_norm_out_dtype
 
-TABLES = ("per_element", "per_pair")
+TABLES = ("per_element", "per_pair", "halves")
 
 
 def _norm(x, weight, eps, cast_before_weight, across_heads):
@@ -50,10 +53,16 @@ def rms_norm_rope_native(
     n = _norm(x, weight, eps, cast_before_weight, across_heads)
     if x_tail is not None:
         n = torch.cat([n, _norm(x_tail, weight_tail, eps, cast_before_weight, across_heads)], dim=1)
-    ne = n[..., 0::2].to(torch.float32)
-    no = n[..., 1::2].to(torch.float32)
     c = cos.to(torch.float32)[None, :, None, :]
     s = sin.to(torch.float32)[None, :, None, :]
+    if tables == "halves":  # pair i is (i, i + D/2)
+        d = n.shape[-1] // 2
+        first, second = n[..., :d].to(torch.float32), n[..., d:].to(torch.float32)
+        out_first = first * c[..., :d] - second * s[..., :d]
+        out_second = second * c[..., d:] + first * s[..., d:]
+        return torch.cat([out_first, out_second], dim=-1).to(n.dtype)
+    ne = n[..., 0::2].to(torch.float32)
+    no = n[..., 1::2].to(torch.float32)
     ce, so = c[..., 0::2], s[..., 1::2]
     if tables == "per_pair":
         co, se = ce, so

@@ -12,6 +12,12 @@ x_tail[b, s - S1], each with its own weight. The [S, D] cos/sin tables are read 
 own strides and dtypes (per element: columns 2i and 2i + 1 of each; per pair: cos column 2i and sin
 column 2i + 1 for both elements of a pair) and broadcast over the heads. The op takes the whole
 tables, never strided views of them, so no input is passed twice and none needs a storage offset.
+With `tables="halves"` (rotate-half RoPE) a pair is elements (i, i + D/2) of a head: the halves are loaded
+and stored as two contiguous [BLOCK_H, BLOCK_HALF] tiles, and the tables read at columns i and i + D/2.
+
+A paired launch (`_rms_norm_rope_pair_impl`, PAIR) serves two calls that share the tables and flags, the q
+and k of one attention: each program normalises and rotates its token's q, then its k, with the table
+columns loaded once.
 
 Rounding (see `omni_compile.ops.rms_norm_rope`): the RMSNorm follows `omni_compile::rms_norm` and is
 rounded to its output dtype n; the rotation is computed in fp32 from n and the tables and rounded
@@ -59,13 +65,21 @@ def _rope_normed(
     CAST_BEFORE_W: tl.constexpr,
     ACROSS: tl.constexpr,
     SPLIT: tl.constexpr,
+    HALVES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """RMSNorm of BLOCK_H heads of one token at `base`, rounded to N_DTYPE: (even, odd) fp32 halves."""
+    """RMSNorm of BLOCK_H heads of one token at `base`, rounded to N_DTYPE: the two fp32 halves of each pair,
+    (even, odd) elements, or with HALVES (first, second) halves of the head."""
     head_off = heads.to(tl.int64)[:, None] * s_h
-    if SPLIT:
+    if HALVES:
+        half = tl.arange(0, BLOCK_HALF)
+        mask = hmask[:, None] & (half < D // 2)[None, :]
+        ptrs = base + (head_off + half[None, :] * SD)
+        xe = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        xo = tl.load(ptrs + (D // 2) * SD, mask=mask, other=0.0).to(tl.float32)
+    elif SPLIT:
         cols = tl.arange(0, 2 * BLOCK_HALF)
         mask = hmask[:, None] & (cols < D)[None, :]
         x = tl.load(base + (head_off + cols[None, :] * SD), mask=mask, other=0.0).to(tl.float32)
@@ -87,7 +101,17 @@ def _rope_normed(
         yo = xo * rstd[:, None]
     if HAS_W:
         # Weight [D] shared by the heads, or [H * D] across heads.
-        if SPLIT:
+        if HALVES:
+            half = tl.arange(0, BLOCK_HALF)
+            if ACROSS:
+                w_ptrs = w_ptr + (heads[:, None] * D + half[None, :]) * SW
+                we = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+                wo = tl.load(w_ptrs + (D // 2) * SW, mask=mask, other=0.0).to(tl.float32)
+            else:
+                w_ptrs = w_ptr + half * SW
+                we = tl.load(w_ptrs, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+                wo = tl.load(w_ptrs + (D // 2) * SW, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+        elif SPLIT:
             cols = tl.arange(0, 2 * BLOCK_HALF)
             if ACROSS:
                 w = tl.load(w_ptr + (heads[:, None] * D + cols[None, :]) * SW, mask=mask, other=0.0)
@@ -146,26 +170,27 @@ def _normed_token(
     CAST_BEFORE_W: tl.constexpr,
     ACROSS: tl.constexpr,
     SPLIT: tl.constexpr,
+    HALVES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """The normalised (even, odd) halves of token (b, s): read from x below S1, else from x_tail at s - S1."""
+    """The normalised halves of token (b, s)'s pairs: read from x below S1, else from x_tail at s - S1."""
     if HAS_TAIL:
         if s < S1:
             ne, no = _rope_normed(
                 x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
-                SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+                SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
             )  # fmt: skip
         else:
             ne, no = _rope_normed(
                 xt_ptr + (b * sxt_b + (s - S1).to(tl.int64) * sxt_s), sxt_h, wt_ptr, heads, hmask, H, D, eps,
-                SXTD, SWT, N_DTYPE, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+                SXTD, SWT, N_DTYPE, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
             )  # fmt: skip
     else:
         ne, no = _rope_normed(
             x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
-            SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
         )  # fmt: skip
     return ne, no
 
@@ -185,6 +210,7 @@ def _store_rotated(
     se,
     so,
     SPLIT: tl.constexpr,
+    HALVES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
@@ -194,7 +220,12 @@ def _store_rotated(
     out_e = cast_to(ne * ce - no * se, n_dtype, EMULATE_RTNE)
     out_o = cast_to(no * co + ne * so, n_dtype, EMULATE_RTNE)
     out_base = out_ptr + tok.to(tl.int64) * H * D + heads.to(tl.int64)[:, None] * D
-    if SPLIT:
+    if HALVES:
+        half = tl.arange(0, BLOCK_HALF)
+        mask = hmask[:, None] & (half < D // 2)[None, :]
+        tl.store(out_base + half[None, :], out_e, mask=mask)
+        tl.store(out_base + (half + D // 2)[None, :], out_o, mask=mask)
+    elif SPLIT:
         cols = tl.arange(0, 2 * BLOCK_HALF)
         out = tl.reshape(tl.join(out_e, out_o), (BLOCK_H, 2 * BLOCK_HALF))
         tl.store(out_base + cols[None, :], out, mask=hmask[:, None] & (cols < D)[None, :])
@@ -249,6 +280,7 @@ def _rms_norm_rope_kernel(
     SCD: tl.constexpr,
     SSD: tl.constexpr,
     PER_PAIR: tl.constexpr,
+    HALVES: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_WT: tl.constexpr,
@@ -273,39 +305,48 @@ def _rms_norm_rope_kernel(
     ne, no = _normed_token(
         x_ptr, w_ptr, xt_ptr, wt_ptr, b, s, S1, sx_b, sx_s, sx_h, sxt_b, sxt_s, sxt_h, heads, hmask, H, D, eps,
         SXD, SXTD, SW, SWT, out_ptr.dtype.element_ty, HAS_TAIL, HAS_W, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT,
-        BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+        HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
     )  # fmt: skip
     half = tl.arange(0, BLOCK_HALF)
     hm = half < D // 2
     s64 = s.to(tl.int64)
     # Row s of the [S, D] tables: per element (FLUX), each output element has its own cos/sin column;
     # per pair (Wan), both elements of pair i use cos[2i] and sin[2i + 1].
+    # Rotate-half (HALVES): pair i is columns (i, i + D/2), each with its own column.
     c_row = c_ptr + s64 * sc
     s_row = s_ptr + s64 * ss
-    ce = tl.load(c_row + (2 * half) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
-    so = tl.load(s_row + (2 * half + 1) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
-    if PER_PAIR:
-        co = ce
-        se = so
+    if HALVES:
+        ce = tl.load(c_row + half * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
+        co = tl.load(c_row + (half + D // 2) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
+        se = tl.load(s_row + half * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
+        so = tl.load(s_row + (half + D // 2) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
     else:
-        co = tl.load(c_row + (2 * half + 1) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
-        se = tl.load(s_row + (2 * half) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
-    _store_rotated(out_ptr, tok, heads, hmask, H, D, ne, no, ce, co, se, so, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE)
+        ce = tl.load(c_row + (2 * half) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
+        so = tl.load(s_row + (2 * half + 1) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
+        if PER_PAIR:
+            co = ce
+            se = so
+        else:
+            co = tl.load(c_row + (2 * half + 1) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
+            se = tl.load(s_row + (2 * half) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
+    _store_rotated(
+        out_ptr, tok, heads, hmask, H, D, ne, no, ce, co, se, so, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE
+    )
     if PAIR:
         ye, yo = _normed_token(
             y_ptr, wy_ptr, yt_ptr, wyt_ptr, b, s, S1, sy_b, sy_s, sy_h, syt_b, syt_s, syt_h, heads, hmask, H, D,
             eps, SYD, SYTD, SWY, SWYT, outy_ptr.dtype.element_ty, HAS_TAIL, HAS_WY, HAS_WYT, CAST_BEFORE_W, ACROSS,
-            SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
         )  # fmt: skip
         _store_rotated(
-            outy_ptr, tok, heads, hmask, H, D, ye, yo, ce, co, se, so, SPLIT, BLOCK_H, BLOCK_HALF, EMULATE_RTNE
+            outy_ptr, tok, heads, hmask, H, D, ye, yo, ce, co, se, so, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE
         )
 
 
 def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables) -> str | None:
     """None when the kernel handles these inputs (real or fake tensors), else the reason it does not."""
     if tables not in TABLES:
-        return f"tables={tables!r}; the kernel reads 'per_element' or 'per_pair' tables"
+        return f"tables={tables!r}; the kernel reads {', '.join(map(repr, TABLES))} tables"
     named = {"x": x, "weight": weight, "x_tail": x_tail, "weight_tail": weight_tail, "cos": cos, "sin": sin}
     reason = first(
         *(dtype_reason(name, t) for name, t in named.items()),
@@ -452,6 +493,7 @@ def _launch(
         SCD=cos.stride(1),
         SSD=sin.stride(1),
         PER_PAIR=tables == "per_pair",
+        HALVES=tables == "halves",
         HAS_TAIL=x_tail is not None,
         HAS_W=weight is not None,
         HAS_WT=weight_tail is not None,
