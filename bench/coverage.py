@@ -46,7 +46,6 @@ NOTES: dict[tuple[str, str], str] = {
 # complex [S, D/2] ones (Qwen-Image, Lumina2, Z-Image). In the models noted below the norm and the rotation are
 # compiled by Inductor as they are.
 NOTES.update({
-    ("cosmos", "qk_norm_rope"): "norm and rotation compiled apart (rotate-half RoPE: the kernel reads pairs, not halves)",
     ("mochi", "qk_norm_rope"): "norm and rotation compiled apart (its own interleaved form, x[..., 0::2] and stack)",
     ("cogview4", "qk_norm_rope"): "its QK-norm is a LayerNorm (the kernel fuses an RMSNorm)",
     ("hunyuan-dit", "qk_norm_rope"): "its QK-norm is a LayerNorm (the kernel fuses an RMSNorm)",

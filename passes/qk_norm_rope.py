@@ -128,6 +128,79 @@ def interleaved_forms(cbw: bool) -> tuple:
     return interleaved_norm_rope, interleaved_fused
 
 
+def halves_forms(cbw: bool) -> tuple:
+    def halves_norm_rope(x, weight, cos, sin, eps):
+        # rotate-half RoPE on heads-first q/k [B, H, S, D] (Cosmos, CogView4, OmniGen), tables [S, D]. The
+        # sequence-second form (ACE-Step, `sequence_dim=1`) traces to the same graph but for the unsqueeze dims,
+        # which the matcher does not compare: one registration, and the check reads where the tables broadcast.
+        n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
+        return apply_rotary_emb(n, (cos, sin), use_real=True, use_real_unbind_dim=-2)
+
+    def halves_fused(x, weight, cos, sin, eps):
+        # the op takes [B, S, H, D]: heads-first q/k are a transposed view of it, and so is the result
+        heads_first = x.shape[2] == cos.shape[0]
+        if heads_first:
+            x = x.transpose(1, 2)
+        out = torch.ops.omni_compile.rms_norm_rope(x, weight, None, None, cos, sin, eps, cbw, False, "halves")
+        return out.transpose(1, 2) if heads_first else out
+
+    return halves_norm_rope, halves_fused
+
+
+def _broadcast_table(match: Match, table: torch.fx.Node) -> tuple[int, ...] | None:
+    """The 4-d shape `table` ([S, D]) is viewed as where the rotation multiplies by it, if the match has one."""
+    for node in match.nodes:
+        if node.target != aten.mul.Tensor:
+            continue
+        for arg in node.args:
+            seen = arg
+            for _ in range(6):  # up the chain of views (unsqueeze, slice, view) to the table
+                if not isinstance(seen, torch.fx.Node) or seen is table:
+                    break
+                seen = seen.args[0] if seen.args else None
+            if seen is table and isinstance(arg, torch.fx.Node) and arg is not table and arg.meta["val"].dim() == 4:
+                return tuple(arg.meta["val"].shape)
+    return None
+
+
+def _halves_check(traced: torch.dtype):
+    def check(match: Match) -> bool:
+        if not _x_and_weight_ok(match, traced, rank=4):
+            return False
+        x = match.kwargs["x"].meta["val"]
+        s, d = match.kwargs["cos"].meta["val"].shape[0], x.shape[-1]
+        for name in ("cos", "sin"):
+            t = match.kwargs[name].meta["val"]
+            if t.dtype not in (torch.float32, x.dtype) or tuple(t.shape) != (s, d):
+                return False
+        # where the tables broadcast must be where the replacement puts the sequence (dim 2 when it is S, else 1)
+        heads_first = x.shape[2] == s
+        if not heads_first and x.shape[1] != s:
+            return False
+        want = (1, 1, s, d) if heads_first else (1, s, 1, d)
+        if any(_broadcast_table(match, match.kwargs[n]) != want for n in ("cos", "sin")):
+            return False
+        # registered without torch's literal re-check (it compares the model's reshape sizes with the trace's -1):
+        # the halves are the last dim split in two (a reshape to [..., 2, D/2], unbind over the 2), and the rotated
+        # copy is cat([-second, first]) along the last dim
+        for node in match.nodes:
+            if node.target == aten.reshape.default and tuple(node.meta["val"].shape[-2:]) != (2, d // 2):
+                return False
+            if node.target == aten.unbind.int and node.args[1] not in (-2, 3):
+                return False
+            if node.target == aten.cat.default:
+                first, second = node.args[0]
+                dim = node.args[1] if len(node.args) > 1 else 0
+                if dim not in (-1, 3) or first.target != aten.neg.default or first.args[0].args[1] != 1:
+                    return False
+                if second.target != operator.getitem or second.args[1] != 0:
+                    return False
+        norm = next(n for n in match.nodes if n.target == torch.ops.omni_compile.rms_norm.default)
+        return len(norm.users) == 2  # the rotation's two reads (the product with cos, the halves), nothing else
+
+    return check
+
+
 def complex_forms(cbw: bool, dtype: torch.dtype) -> tuple:
     def complex_norm_rope(x, weight, fr, eps):
         # diffusers' complex rotary embedding (use_real=False) once `complex_mul` has written the product on the
@@ -285,6 +358,9 @@ class QKNormRopePass(PatternPass):
                               **again)  # fmt: skip
                 self.register(*complex_forms(cbw, dtype), [x, w, torch.empty(4, 1, 4, 2), 1e-6], _complex_check(dtype), sw,
                               **again)  # fmt: skip
+                th = torch.empty(2, 8)  # x [1, 4, 2, 8] as [B, H, S, D]
+                self.register(*halves_forms(cbw), [x, w, th, th.clone(), 1e-6], _halves_check(dtype), sw,
+                              recheck=False, **again)  # fmt: skip
             # a prefix rotated: without torch's literal re-check, which would compare the slice bounds (the model's
             # `:-T` against the trace's); the check reads them
             for cbw in (False, True):

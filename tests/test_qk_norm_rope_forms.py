@@ -251,3 +251,80 @@ def test_complex_near_misses_are_left_alone(case):
             return complex_rope(n, f, 1) + n
 
     assert_left_alone(fn, x, freqs)
+
+
+def halves_rope(x, cos, sin, sequence_dim):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-2, sequence_dim=sequence_dim)
+
+
+def halves_tables(s, d, seed=0):
+    """Rotate-half tables: [S, D], angle i and i + D/2 equal, as the models make them (cat of two copies)."""
+    g = torch.Generator().manual_seed(seed)
+    angle = torch.rand(s, d // 2, generator=g) * 6.28
+    return torch.cat([angle.cos(), angle.cos()], -1), torch.cat([angle.sin(), angle.sin()], -1)
+
+
+@pytest.mark.parametrize("kernel", ["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["heads-first", "sequence-second"])
+@pytest.mark.parametrize("norm_kind", ["torch", "diffusers"])
+def test_per_head_norm_then_rotate_half_rope(norm_kind, layout, dtype, kernel):
+    """Rotate-half RoPE (`apply_rotary_emb(use_real_unbind_dim=-2)`): Cosmos, CogView4 and OmniGen rotate q/k
+    [B, H, S, D] (`sequence_dim=2`), ACE-Step [B, S, H, D] (`sequence_dim=1`); one op either way, the heads-first
+    q a transposed view of it. 5 heads against 7 tokens: the layouts cannot be confused."""
+    if kernel == "triton":
+        require_triton_interpreter()
+    b, s, h, d = 2, 7, 5, 20
+    seq = 2 if layout == "heads-first" else 1
+    norm = make_norm(norm_kind, d, dtype)
+    x = torch.randn(b, h, s, d, dtype=dtype) * 3 if seq == 2 else torch.randn(b, s, h, d, dtype=dtype) * 3
+    cos, sin = halves_tables(s, d)
+
+    def fn(x, cos, sin):
+        return halves_rope(norm(x), cos, sin, seq)
+
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, cos, sin)
+        eager = fn(x, cos, sin)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert fired(log) == {"rms_norm": 1, "qk_norm_rope": 1}, fired(log)
+        (op,) = [n for n in gm.graph.nodes if n.target == torch.ops.omni_compile.rms_norm_rope.default]
+        assert op.args[9] == "halves" and "aten.rsqrt.default" not in targets(gm) and "aten.cat.default" not in targets(gm)
+        if kernel == "triton":
+            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"rms_norm_rope": "triton"}))
+            assert log.resolutions["rms_norm_rope"]["implementation"].startswith("triton")
+        fused = gm(x, cos, sin)
+    assert fused.dtype == eager.dtype and fused.shape == eager.shape
+    xd = x.double()
+    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.detach().double()
+    ref = halves_rope(n, cos.double(), sin.double(), seq)
+    if dtype == torch.float32:
+        assert rel_l2(fused, eager) < 1e-6 and rel_l2(fused, ref) < 1e-5
+    else:
+        assert rel_l2(fused, eager) < 4e-3 and rel_l2(fused, ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["pairs-not-halves", "halves-swapped", "norm-used-elsewhere"])
+def test_rotate_half_near_misses_are_left_alone(case):
+    """What looks like rotate-half but is not, exactly: the halves read as pairs (a reshape to [..., D/2, 2]), the
+    rotated copy built as cat([first, -second]), the normalised q read elsewhere too."""
+    b, h, s, d = 1, 3, 5, 8
+    norm = torch.nn.RMSNorm(d, eps=1e-6)
+    x = torch.randn(b, h, s, d)
+    cos, sin = halves_tables(s, d)
+
+    def fn(x, cos, sin):
+        n = norm(x)
+        if case == "pairs-not-halves":
+            first, second = n.reshape(b, h, s, d // 2, 2).unbind(-1)
+            rotated = torch.cat([-second, first], dim=-1)
+        elif case == "halves-swapped":
+            first, second = n.reshape(b, h, s, 2, d // 2).unbind(-2)
+            rotated = torch.cat([first, -second], dim=-1)
+        else:
+            return halves_rope(n, cos, sin, 2) + n
+        return n * cos[None, None] + rotated * sin[None, None]
+
+    assert_left_alone(fn, x, cos, sin)
