@@ -147,8 +147,9 @@ def run_child(mode: str, workloads: list[str], art: Path, steps: int, warmup: in
         timed = workloads if mode != "artifact-preload" else []  # the preload's steps are the artifact mode's
         for w in timed:
             run(f"{mode}+graphs" if graphs is not None else mode, w)
-        if graphs is not None and timed:
+        if graphs is not None:
             res["cuda_graphs"] = dict(graphs.stats, graphs=graphs.graphs)
+        if graphs is not None and timed:
             loaded.__dict__.pop("forward")  # the same packages, called from Python each step
             for w in workloads:
                 run(f"{mode}-nographs", w)
