@@ -122,6 +122,23 @@ def head_reference(x, w, cos, sin, rotated: int):
     return torch.cat([per_head_rope(n[:, :rotated], cos.double(), sin.double()), n[:, rotated:]], dim=1)
 
 
+def one_fused_op(fn, args, kernel):
+    """`fn`'s graph through the passes, which must make one rms_norm and fuse it into one qk_norm_rope, then
+    lowered to the Triton kernel (interpreter) for kernel="triton": (the op's arguments, the graph's targets
+    with the op, fn's output, the graph's output)."""
+    with torch.no_grad():
+        gm = AtenGraph(fn, *args)
+        eager = fn(*args)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert fired(log) == {"rms_norm": 1, "qk_norm_rope": 1}, fired(log)
+        (op,) = [n for n in gm.graph.nodes if n.target == torch.ops.omni_compile.rms_norm_rope.default]
+        op_args, fused_targets = op.args, targets(gm)
+        if kernel == "triton":
+            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"rms_norm_rope": "triton"}))
+            assert log.resolutions["rms_norm_rope"]["implementation"].startswith("triton")
+        return op_args, fused_targets, eager, gm(*args)
+
+
 @pytest.mark.parametrize("kernel", ["native", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", ["whole", "prefix"])
@@ -142,18 +159,9 @@ def test_per_head_norm_then_rope_in_either_rounding(norm_kind, form, dtype, kern
             return per_head_rope(n, cos, sin)
         return torch.cat([per_head_rope(n[:, :-text], cos, sin), n[:, -text:]], dim=1)
 
-    with torch.no_grad():
-        gm = AtenGraph(fn, x, cos, sin)
-        eager = fn(x, cos, sin)
-        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
-        assert fired(log) == {"rms_norm": 1, "qk_norm_rope": 1}, fired(log)
-        (op,) = [n for n in gm.graph.nodes if n.target == torch.ops.omni_compile.rms_norm_rope.default]
-        cbw = norm_kind == "diffusers" and dtype == torch.bfloat16  # diffusers' RMSNorm casts only to a half weight
-        assert op.args[7] is cbw and "aten.rsqrt.default" not in targets(gm)
-        if kernel == "triton":
-            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"rms_norm_rope": "triton"}))
-            assert log.resolutions["rms_norm_rope"]["implementation"].startswith("triton")
-        fused = gm(x, cos, sin)
+    op_args, fused_targets, eager, fused = one_fused_op(fn, (x, cos, sin), kernel)
+    cbw = norm_kind == "diffusers" and dtype == torch.bfloat16  # diffusers' RMSNorm casts only to a half weight
+    assert op_args[7] is cbw and "aten.rsqrt.default" not in fused_targets
     assert fused.dtype == eager.dtype and fused.shape == eager.shape
     ref = head_reference(x, norm.weight, cos, sin, s - text)
     if dtype == torch.float32:
@@ -285,17 +293,8 @@ def test_per_head_norm_then_rotate_half_rope(norm_kind, layout, dtype, kernel):
     def fn(x, cos, sin):
         return halves_rope(norm(x), cos, sin, seq)
 
-    with torch.no_grad():
-        gm = AtenGraph(fn, x, cos, sin)
-        eager = fn(x, cos, sin)
-        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
-        assert fired(log) == {"rms_norm": 1, "qk_norm_rope": 1}, fired(log)
-        (op,) = [n for n in gm.graph.nodes if n.target == torch.ops.omni_compile.rms_norm_rope.default]
-        assert op.args[9] == "halves" and "aten.rsqrt.default" not in targets(gm) and "aten.cat.default" not in targets(gm)
-        if kernel == "triton":
-            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"rms_norm_rope": "triton"}))
-            assert log.resolutions["rms_norm_rope"]["implementation"].startswith("triton")
-        fused = gm(x, cos, sin)
+    op_args, fused_targets, eager, fused = one_fused_op(fn, (x, cos, sin), kernel)
+    assert op_args[9] == "halves" and not {"aten.rsqrt.default", "aten.cat.default"} & set(fused_targets)
     assert fused.dtype == eager.dtype and fused.shape == eager.shape
     xd = x.double()
     n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.detach().double()
