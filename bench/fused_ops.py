@@ -394,7 +394,7 @@ def _pair_rows(case: Case, device: str, reps: int | None, ref: torch.Tensor, nby
     eager_k = tuple(k.get(i, a) for i, a in enumerate(case.eager_args))
     ours_k = list(case.ours_args)
     for i, j in zip(own_ours, own_eager):
-        ours_k[i] = k[j].view_as(case.ours_args[i]) if k[j].is_contiguous() else k[j]
+        ours_k[i] = k[j].view_as(case.ours_args[i])  # a fresh contiguous k, in the op's view of q
     ours_k = tuple(ours_k)
     both = torch.compile(lambda a, b: (case.eager(*a), case.eager(*b)), fullgraph=True, dynamic=False)
     ref_k = case.eager(*eager_k)

@@ -331,16 +331,16 @@ class LowerFusedOpsPass(OmniPass):
     ) -> bool:
         """Replace two calls by one embedded paired launch (placed by `_placement`); False (graph unchanged) when
         the launch cannot be traced or placed."""
+        graph = second.graph
+        plan = _placement(first, second, {n: i for i, n in enumerate(graph.nodes)})
+        if plan is None:  # an earlier pair's lowering changed what lies between them
+            return False
         pair = kernel.pair
         args = {**bound, **{s: bound_2[o] for o, s in zip(pair.own, pair.second)}}
         try:
             traced = trace_body(args, pair.launcher, functional_trace)
         except Exception as e:  # keep the two launches, and say why
             logger.warning("could not pair two %s calls in one launch (%s); launching them apart", kernel.op, e)
-            return False
-        graph = second.graph
-        plan = _placement(first, second, {n: i for i, n in enumerate(graph.nodes)})
-        if plan is None:  # an earlier pair's lowering changed what lies between them
             return False
         anchor, move = plan
         after = second
