@@ -16,6 +16,10 @@ abs. Backends:
   triton        omni-compile's Triton kernel (TRITON_ATTN)
   sage          omni-compile's INT8 Q·K kernel (SAGE_ATTN, lossy)
 
+Shapes marked "key bias" (LTX-Video's masked cross-attention) add a float [B, H, Skv] bias to the scores (random
+normal, every 8th key at -10000, one row per batch broadcast over heads): only the backends that take one run
+there (SDPA and its pinned kernels with the bias as attn_mask, and the Triton kernel).
+
     python bench/attention.py [--json rows.json] [--only W2] [--sweep] [--reps 20]
     python bench/attention.py --device cpu --quick     # smoke test: tiny shapes, Triton interpreter
 """
@@ -58,8 +62,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 def shapes(quick: bool):
     # name: (B, Sq, Skv, H, D)
     if quick:
-        return {"tiny self": (1, 96, 96, 2, 64), "tiny cross": (1, 96, 8, 2, 64), "tiny odd": (1, 50, 50, 2, 72)}
+        return {"tiny self": (1, 96, 96, 2, 64), "tiny cross": (1, 96, 8, 2, 64), "tiny odd": (1, 50, 50, 2, 72),
+                "tiny key bias": (1, 96, 24, 2, 64)}  # fmt: skip
     return {
+        "LTX cross, key bias": (1, 6144, 128, 32, 64),
         "W1 joint (FLUX 1024^2)": (1, 4608, 4608, 24, 128),
         "W2 self (Wan 480p)": (1, 32760, 32760, 12, 128),
         "W2 cross": (1, 32760, 512, 12, 128),
@@ -70,13 +76,24 @@ def shapes(quick: bool):
 
 
 def _sdpa(backend):
-    def run(q, k, v, scale):
+    def run(q, k, v, scale, bias=None):
         ctx = sdpa_kernel(backend) if backend is not None else _null()
+        mask = None if bias is None else bias[:, :, None, :]
         with ctx:
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  scale=scale).transpose(1, 2)  # fmt: skip
+                                                  attn_mask=mask, scale=scale).transpose(1, 2)  # fmt: skip
 
     return run
+
+
+def _key_bias(B, H, Skv, device, dtype):
+    """[B, H, Skv]: random normal, every 8th key at -10000, one row per batch broadcast over the heads."""
+    bias = torch.randn(B, 1, Skv, device=device)
+    bias[..., 7::8] = -10000.0
+    return bias.to(dtype).expand(B, H, Skv)
+
+
+BIAS_BACKENDS = ("sdpa", "sdpa-cudnn", "sdpa-efficient", "triton")  # the ones that take a key bias
 
 
 class _null:
@@ -105,15 +122,17 @@ def backends(device: str) -> dict:
         out["fa3-fp8"] = (runner("FA3_FP8_ATTN") if why is None else None, why)
     from omni_compile.attention import sage, triton_attn
 
-    out["triton"] = (lambda q, k, v, s: triton_attn.attention_triton(q, k, v, None, s), None)
+    out["triton"] = (lambda q, k, v, s, bias=None: triton_attn.attention_triton(q, k, v, None, s, bias), None)
     out["sage"] = (lambda q, k, v, s: sage.attention_sage_triton(q, k, v, None, s), None)
     return out
 
 
-def reference(q, k, v, scale, rows):
+def reference(q, k, v, scale, rows, bias=None):
     """float64 attention of the first `rows` query rows, [B, rows, H, D]."""
     qd, kd, vd = (t.double() for t in (q[:, :rows], k, v))
     s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
+    if bias is not None:
+        s = s + bias.double()[:, :, None, :]
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vd)
 
 
@@ -155,22 +174,28 @@ def main() -> int:
         k = torch.randn(B, Skv, H, D, device=dev, dtype=torch.bfloat16)
         v = torch.randn(B, Skv, H, D, device=dev, dtype=torch.bfloat16)
         scale = 1.0 / math.sqrt(D)
+        bias = _key_bias(B, H, Skv, dev, torch.bfloat16) if "key bias" in name else None
         n_ref = min(args.ref_rows, Sq)
-        ref = reference(q, k, v, scale, n_ref)
+        ref = reference(q, k, v, scale, n_ref, bias)
         flops = 4.0 * B * H * Sq * Skv * D
         variants = [(b, fn, why, None) for b, (fn, why) in table.items()]
+        if bias is not None:
+            variants = [(b, fn, why if b in BIAS_BACKENDS else "takes no key bias", c) for b, fn, why, c in variants]
+            variants = [(b, fn if why is None else None, why, c) for b, fn, why, c in variants]
         if args.sweep and dev == "cuda":
             from omni_compile.attention import triton_attn
 
             for cfg in ({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
                         {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
                         {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-                        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4}):  # fmt: skip
-                def run(q, k, v, s, cfg=cfg):
+                        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 4},
+                        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2}):  # fmt: skip
+                def run(q, k, v, s, bias=None, cfg=cfg):
                     out = q.new_empty(q.shape)
-                    return triton_attn._launch(q, k, v, None, s, out, config=cfg)
+                    return triton_attn._launch(q, k, v, None, s, out, config=cfg, key_bias=bias)
 
                 variants.append((f"triton {cfg}", run, None, cfg))
+        extra = {} if bias is None else {"bias": bias}
         for backend, fn, why, cfg in variants:
             row = {"shape": name, "B": B, "Sq": Sq, "Skv": Skv, "H": H, "D": D, "backend": backend}
             if fn is None:
@@ -178,9 +203,9 @@ def main() -> int:
                 print(f"{name:<24} {backend:<16} skipped: {why}", file=sys.stderr)
                 continue
             try:
-                out = fn(q, k, v, scale)
+                out = fn(q, k, v, scale, **extra)
                 err = out[:, :n_ref].double() - ref
-                times = timeit(lambda: fn(q, k, v, scale), reps, dev)
+                times = timeit(lambda fn=fn, extra=extra: fn(q, k, v, scale, **extra), reps, dev)
             except Exception as e:  # a backend that fails here is a result, not a crash of the whole table
                 rows.append({**row, "error": f"{type(e).__name__}: {str(e)[:400]}"})
                 print(f"{name:<24} {backend:<16} ERROR {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)

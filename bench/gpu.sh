@@ -13,8 +13,8 @@
 #   fa4libs    unpack .fa4/cu13.tar.xz into /tmp/fa4libs (it stays there while the machine is warm)
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
 #              CUDA libraries from /tmp/fa4libs (a fa4libs call before) into the same package folders
-#   attention  bench/attention.py: every backend that runs here on the W1/W2/W3 and odd shapes (ATTN_BACKENDS,
-#              ATTN_ONLY: a shape name's part)
+#   attention  bench/attention.py: every backend that runs here on the W1/W2/W3, LTX key-bias and odd shapes
+#              (ATTN_BACKENDS, ATTN_ONLY: a shape name's part, ATTN_ARGS: more options, e.g. --sweep)
 #   tests      GPU tests of the suite (TESTS_MARK, default gpu; TESTS_K, a -k expression; TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
@@ -85,7 +85,7 @@ for stage in "$@"; do
       run imports_pyc 120 python3 -P bench/imports.py --reps "${IMPORTS_REPS:-3}" --pycache-prefix /tmp/pyc --json "$OUT/imports_pyc.json" ;;
     attention)
       run attention 150 python3 -P bench/attention.py --backends "${ATTN_BACKENDS:-sdpa,sdpa-cudnn,fa3,fa4,triton}" \
-        ${ATTN_ONLY:+--only "$ATTN_ONLY"} --reps 20 --json "$OUT/attention.json" ;;
+        ${ATTN_ONLY:+--only "$ATTN_ONLY"} ${ATTN_ARGS:-} --reps 20 --json "$OUT/attention.json" ;;
     tests)
       A=tests/test_attention.py
       TESTS=${TESTS:-"$A::test_backends_match_float64_on_cuda $A::test_measured_choice_on_cuda

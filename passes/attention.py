@@ -14,7 +14,9 @@ the platform's preference list) and the call is replaced by that backend's form:
   q/k/v as [B, S, H, D] and transposes them for SDPA; the new call takes the transpose back, so the
   permute pair folds into the original tensor and no layout copy is made before or after the kernel.
   With a key-padding mask, FA3 gets each row's kept keys and values first (a stable sort of the mask and
-  a gather, in the graph) and their count as `seqused_k`.
+  a gather, in the graph) and their count as `seqused_k`. With a key bias (an additive float mask that is
+  the same for every query, such as diffusers' `(1 - mask) * -10000`), TRITON_ATTN adds it to the scores;
+  no vendor flash kernel takes one, so SDPA is its other candidate.
   The Triton kernels are embedded in Inductor's code like the fused-op kernels (`functional_trace`).
 
 Correctness: every backend computes softmax(q kᵀ · scale) v on the same inputs (SAGE_ATTN within its
@@ -168,6 +170,26 @@ def _key_padding(mask: torch.fx.Node, q, k) -> tuple[torch.fx.Node, bool] | None
     return cond, invert
 
 
+def _key_bias(mask: torch.fx.Node, q, k) -> torch.fx.Node | None:
+    """`mask` when it is an additive float mask that is the same for every query: its shape, padded on the left
+    to 4 dims, is [B or 1, H or 1, 1, S_kv] (e.g. diffusers' `(1 - mask) * -10000`, repeated per head), else
+    None."""
+    val = mask.meta["val"]
+    if not val.dtype.is_floating_point or not 1 <= val.dim() <= 4:
+        return None
+    shape = [1] * (4 - val.dim()) + list(val.shape)
+    b, h, skv = q.shape[0], q.shape[1], k.shape[2]
+    return mask if shape[0] in (1, b) and shape[1] in (1, h) and shape[2] == 1 and shape[3] == skv else None
+
+
+def _bias_rows(bias: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """The [B, H, S_kv] view of `_key_bias`'s mask for q [B, H, S, D] (broadcast dims get stride 0)."""
+    if bias is None:
+        return None
+    b4 = bias.reshape([1] * (4 - bias.dim()) + list(bias.shape))
+    return b4.expand(q.shape[0], q.shape[1], 1, b4.shape[-1])[:, :, 0, :]
+
+
 def _to_bshd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
@@ -180,12 +202,12 @@ def _key_mask(mask: torch.Tensor | None, q: torch.Tensor, invert: bool = False) 
     return keep.logical_not() if invert else keep
 
 
-def _cudnn_body(q, k, v, mask, scale, invert=False):
+def _cudnn_body(q, k, v, mask, scale, invert=False, bias=None):
     return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, False, False, scale=scale)[0]
 
 
 def _op_body(op, seqused_op=None):
-    def body(q, k, v, mask, scale, invert=False):
+    def body(q, k, v, mask, scale, invert=False, bias=None):
         if mask is None:
             return _to_bshd(op(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale))
         # a key-padding mask (the backend's requirements passed): kept keys first, attended to by count
@@ -196,30 +218,36 @@ def _op_body(op, seqused_op=None):
 
 
 def _kernel_body(launcher):
-    def body(q, k, v, mask, scale, invert=False):
-        return _to_bshd(launcher(_to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q, invert), scale))
+    def body(q, k, v, mask, scale, invert=False, bias=None):
+        key_mask = _key_mask(mask, q, invert)
+        t = (_to_bshd(q), _to_bshd(k), _to_bshd(v))
+        if bias is None:  # not every kernel takes a key bias (`AttentionBackend.masks`)
+            return _to_bshd(launcher(*t, key_mask, scale))
+        return _to_bshd(launcher(*t, key_mask, scale, _bias_rows(bias, q)))
 
     return body
 
 
 def _splice_external_call(out: torch.fx.Node, bound: dict, op) -> None:
-    """Replace `out` by `op(q, k, v, key_mask, scale)` on [B, S, H, D] views, as one call node (tracing
-    would run a triton_op's kernel on fake tensors)."""
+    """Replace `out` by `op(q, k, v, key_mask, scale[, key_bias])` on [B, S, H, D] views, as one call node
+    (tracing would run a triton_op's kernel on fake tensors)."""
     graph = out.graph
 
-    names = [n for n in ("q", "k", "v", "mask") if bound[n] is not None]
+    names = [n for n in ("q", "k", "v", "mask", "bias") if bound[n] is not None]
 
     def prepare(*tensors):
-        q, k, v, mask = (*tensors, None)[:4]
-        return _to_bshd(q), _to_bshd(k), _to_bshd(v), _key_mask(mask, q, bound["invert"])
+        given = dict(zip(names, tensors))
+        q = given["q"]
+        return (_to_bshd(q), _to_bshd(given["k"]), _to_bshd(given["v"]),
+                _key_mask(given.get("mask"), q, bound["invert"]), _bias_rows(given.get("bias"), q))  # fmt: skip
 
     traced = fake_trace(prepare, [bound[n].meta["val"] for n in names])
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     with graph.inserting_before(out):
-        args = graph.graph_copy(traced.graph, {ph: bound[n] for ph, n in zip(placeholders, names)})
-        args = list(args) if len(names) == 4 else [*args[:3], None]
-        call = graph.call_function(op, (*args, bound["scale"]))
-        qv = args[0].meta["val"]
+        q, k, v, mask, bias = graph.graph_copy(traced.graph, {ph: bound[n] for ph, n in zip(placeholders, names)})
+        args = (q, k, v, mask, bound["scale"], *([bias] if bias is not None else []))
+        call = graph.call_function(op, args)
+        qv = q.meta["val"]
         call.meta["val"] = qv.new_empty(qv.shape)
         result = graph.call_function(aten.permute.default, (call, [0, 2, 1, 3]))
         result.meta["val"] = call.meta["val"].permute(0, 2, 1, 3)
@@ -272,11 +300,11 @@ class AttentionPass(OmniPass):
             record_resolution(self.resolutions, self.role_of(_module_path(node)), "TORCH_SDPA", why)
             return 0
         mask = kw.get("attn_mask", kw.get("attn_bias"))
+        key_padding, key_bias, mask_kind = None, None, None
         if isinstance(mask, torch.fx.Node):
             key_padding = _key_padding(mask, q.meta["val"], k.meta["val"])
-            mask_kind = "key_padding" if key_padding else "other"
-        else:
-            key_padding, mask_kind = None, None
+            key_bias = None if key_padding else _key_bias(mask, q.meta["val"], k.meta["val"])
+            mask_kind = "key_padding" if key_padding else "key_bias" if key_bias is not None else "other"
         role = self.role_of(_module_path(node))
         if kw.get("dropout_p", 0.0) or kw.get("is_causal", False):
             record_resolution(self.resolutions, role, "TORCH_SDPA", "dropout or a causal mask: left to torch")
@@ -312,9 +340,10 @@ class AttentionPass(OmniPass):
             return 0
         scale = kw.get("scale")
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(call.head_dim)
-        # backends that take a mask take a key-padding one (`requirements`): its bool form replaces the mask
+        # backends that take a mask take a key-padding one (its bool form replaces the mask) or a key bias
+        # (`requirements`)
         keep, invert = key_padding or (None, False)
-        bound = {"q": q, "k": k, "v": v, "mask": keep, "scale": scale, "invert": invert}
+        bound = {"q": q, "k": k, "v": v, "mask": keep, "scale": scale, "invert": invert, "bias": key_bias}
         if trace is None:  # an op that must stay one call node (a triton_op on the CPU interpreter)
             _splice_external_call(out, bound, body)
         else:

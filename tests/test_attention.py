@@ -180,7 +180,8 @@ def test_auto_walks_the_preference_list_and_logs_each_skip(no_flash, caplog):
     caplog.set_level(logging.INFO, logger="omni_compile.attention")
     res = resolve(AttentionConfig(), "flux.joint", H200, BF16_128)
     assert res.backend == "CUDNN_ATTN"
-    assert [n for n, _ in res.skipped] == ["FA3_ATTN", "FA4_ATTN", "FLASH_ATTN"]
+    assert [n for n, _ in res.skipped] == ["FA3_ATTN", "FA4_ATTN", "FLASH_ATTN", "TRITON_ATTN"]
+    assert dict(res.skipped)["TRITON_ATTN"].startswith("automatic on cuda only for a call with a key bias")
     line = caplog.records[-1].getMessage()
     assert line.startswith("Resolved attention backend 'CUDNN_ATTN' for role='flux.joint' via attention_config.default")
     assert "(skipped FA3_ATTN: FlashAttention-3 is not installed" in line
@@ -189,13 +190,16 @@ def test_auto_walks_the_preference_list_and_logs_each_skip(no_flash, caplog):
 @pytest.mark.parametrize(
     "call,expected,skips",
     [
-        (AttentionCall(torch.bfloat16, 12, 64, 64), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),  # no fast backend
-        (AttentionCall(torch.bfloat16, 128, 64, 1), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),  # KV length 1
-        (AttentionCall(torch.float32, 128, 64, 64), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),
-        (AttentionCall(torch.bfloat16, 128, 64, 64, "key_padding"), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN"]),
+        (AttentionCall(torch.bfloat16, 12, 64, 64), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN", "TRITON_ATTN"]),  # no fast one
+        (AttentionCall(torch.bfloat16, 128, 64, 1), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN", "TRITON_ATTN"]),  # KV length 1
+        (AttentionCall(torch.float32, 128, 64, 64), "TORCH_SDPA", [*FLASH, "CUDNN_ATTN", "TRITON_ATTN"]),
+        (AttentionCall(torch.bfloat16, 128, 64, 64, "key_padding"), "TORCH_SDPA",
+         [*FLASH, "CUDNN_ATTN", "TRITON_ATTN"]),
+        # a key bias: no vendor flash kernel takes one; unmeasured, the Triton kernel ranks above SDPA
+        (AttentionCall(torch.bfloat16, 128, 64, 64, "key_bias"), "TRITON_ATTN", [*FLASH, "CUDNN_ATTN"]),
     ],
 )
-def test_auto_falls_back_to_sdpa(call, expected, skips, no_flash):
+def test_auto_takes_the_first_capable_backend(call, expected, skips, no_flash):
     res = resolve(AttentionConfig(), "wan.self", H200, call)
     assert res.backend == expected and [n for n, _ in res.skipped] == skips
 
@@ -682,6 +686,91 @@ def test_masked_calls_are_measured_with_a_mask(fa3_stub, monkeypatch):
     assert times["PREFIX_ONLY"].startswith("output off by rel L2"), times
 
 
+def test_a_key_bias_is_timed_with_one_on_the_triton_kernel(monkeypatch):
+    """A call with a key bias is measured with a bias (every 8th key at -10000, random values elsewhere) on the
+    Triton kernel (the interpreter here) and SDPA, which agree; on an H200 those are the two candidates."""
+    from omni_compile.attention import measure
+
+    require_triton_interpreter()
+    call = AttentionCall(torch.bfloat16, 16, 40, 24, mask="key_bias", batch=2, heads=2)
+    shape = measure.Shape.of(call, "cpu")
+    assert shape == measure.Shape(2, 2, 40, 24, 16, torch.bfloat16, "cpu", key_bias=True)
+    assert shape.describe() == "2x40x2x16 kv 24 key bias bfloat16"
+    bias = shape.inputs()["key_bias"]
+    assert bias.shape == (2, 2, 24) and bias.stride(1) == 0 and (bias[..., 7::8] == -10000).all()
+    times = measure.measure.__wrapped__(("TRITON_ATTN", "TORCH_SDPA"), shape)
+    assert all(isinstance(t, float) for t in times.values()), times
+    seen = []
+    monkeypatch.setattr(measure, "measure", lambda b, s: seen.append((b, s)) or {"TRITON_ATTN": 0.02, "TORCH_SDPA": 0.04})
+    call = AttentionCall(torch.bfloat16, 64, 6144, 128, mask="key_bias", batch=1, heads=32)
+    res = resolve(AttentionConfig(), "generic.attn2", H200, call, measure=True)
+    assert res.backend == "TRITON_ATTN" and res.reason == "fastest measured"
+    assert seen == [(("TRITON_ATTN", "TORCH_SDPA"), measure.Shape(1, 32, 6144, 128, 64, torch.bfloat16, "cuda",
+                                                                  key_bias=True))]  # fmt: skip
+    assert res.measured[0] == "1x6144x32x64 kv 128 key bias bfloat16"
+
+
+def test_key_biases_are_float_masks_the_same_for_every_query():
+    """A float mask whose shape is [B or 1, H or 1, 1, S_kv] once padded to 4 dims is a key bias, however it was made
+    (diffusers' `(1 - mask) * -10000` repeated per head); a bool mask, a per-query mask or another batch is not."""
+    from omni_compile.passes.attention import _bias_rows, _key_bias
+
+    B, H, S = 2, 3, 12
+    q, k = torch.empty(B, H, 5, 8), torch.empty(B, H, S, 8)
+
+    def found(fn, *args):
+        _, mask = _mask_graph(fn, *args)
+        return _key_bias(mask, q, k) is not None
+
+    m = torch.ones(B, S)
+    def ltx(m):  # diffusers' LTX-Video: the additive text mask, repeated per head
+        return ((1 - m) * -10000.0)[:, None, :].repeat_interleave(H, dim=0).view(B, H, -1, S)
+
+    assert found(ltx, m) and found(lambda m: m[:, None, None, :], m) and found(lambda m: m[0], m)
+    assert not found(lambda m: m[:, None, :], m)  # [B, 1, S] aligns B with the heads (SDPA broadcasts from the right)
+    assert not found(lambda m: m[:, None, None, :] > 0, m)  # bool: a key-padding mask or nothing
+    assert not found(lambda m: m[:, None, None, :].expand(B, H, 5, S) * 1, m)  # per query (a materialized copy)
+    assert not found(lambda m: torch.cat([m, m])[:, None, None, :], m)  # 2B rows
+    assert not found(lambda m: m[:, None, None, :S - 1], m)  # not every key
+    rows = _bias_rows(torch.arange(S, dtype=torch.float32)[None, :], q)
+    assert rows.shape == (B, H, S) and rows.stride() == (0, 0, 1) and rows[1, 2, 5] == 5
+
+
+@pytest.mark.compile
+def test_a_key_bias_runs_on_the_triton_kernel_under_the_interpreter(fresh_dynamo, no_inductor_cache):
+    """LTX-Video writes its text mask as `(1 - mask) * -10000` and repeats it per head: a key bias. By name, its
+    cross-attention runs our Triton kernel with the bias added to the scores (half the text tokens dropped); the
+    compiled model matches eager bf16, and the self-attention stays with SDPA."""
+    import omni_compile
+    from generic_model import LTX_TINY
+
+    from omni_compile.config import ShapeBucket
+    from omni_compile.models import resolve_model
+
+    require_triton_interpreter()
+    spec = resolve_model("diffusers:LTXVideoTransformer3DModel", example_inputs="generic_model:ltx_inputs",
+                         model_config=LTX_TINY)  # fmt: skip
+    model = spec.load(dtype=torch.bfloat16, device="cpu", seed=0)
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("64x96x9"), dtype=torch.bfloat16, device="cpu",
+                                         text_len=8, seed=1)  # fmt: skip
+    inputs["encoder_attention_mask"][:, 1::2] = 0
+    with torch.no_grad():
+        ref = model(**inputs)[0]
+        inputs["encoder_attention_mask"][:] = 1
+        unmasked = model(**inputs)[0]
+        inputs["encoder_attention_mask"][:, 1::2] = 0
+    omni_compile.compile(model, {"attention": {"per_role": {"generic.attn2": {"backend": "TRITON_ATTN"}}}})
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    (rec,) = omni_compile.compile_state(model).records
+    assert {role: (r["implementation"], r["count"]) for role, r in rec.attention.items()} == {
+        "generic.attn1": ("TORCH_SDPA", 1),
+        "generic.attn2": ("TRITON_ATTN", 1),
+    }
+    assert rec.passes["attention"] == 1
+    assert rel_l2(out, ref) < 2e-2 < rel_l2(unmasked, ref), (rel_l2(out, ref), rel_l2(unmasked, ref))
+
+
 class _MaskedBlock(torch.nn.Module):
     def __init__(self, dim=32, heads=2):
         super().__init__()
@@ -892,6 +981,45 @@ def test_fa3_masked_attention_compiled_on_cuda(fresh_dynamo, no_inductor_cache):
             (times,) = entry["measured"].values()
             assert set(times) >= {"FA3_ATTN", "TORCH_SDPA"} and isinstance(times["FA3_ATTN"], float), entry
         assert float((out.double() - ref.double()).norm() / ref.double().norm()) < 2e-2
+        omni_compile.uncompile(model)
+
+
+@pytest.mark.gpu
+def test_key_bias_compiled_on_cuda(fresh_dynamo, no_inductor_cache):
+    """Tiny LTX-Video on CUDA with half its text tokens dropped (a key bias in the cross-attention): with
+    TRITON_ATTN by name the kernel adds the bias; with auto, TRITON_ATTN and SDPA are timed with a bias and the
+    faster runs. Both near eager bf16 (which the unmasked output is not)."""
+    import omni_compile
+    from generic_model import LTX_TINY
+
+    from omni_compile.config import ShapeBucket
+    from omni_compile.models import resolve_model
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    spec = resolve_model("diffusers:LTXVideoTransformer3DModel", example_inputs="generic_model:ltx_inputs",
+                         model_config=LTX_TINY)  # fmt: skip
+    for attention in ({"per_role": {"generic.attn2": {"backend": "TRITON_ATTN"}}}, {}):
+        torch._dynamo.reset()
+        model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
+        inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("128x128x9"), dtype=torch.bfloat16,
+                                             device="cuda", text_len=40, seed=1)  # fmt: skip
+        with torch.no_grad():
+            unmasked = model(**inputs)[0]
+            inputs["encoder_attention_mask"][:, 1::2] = 0
+            ref = model(**inputs)[0]
+        omni_compile.compile(model, {"attention": attention})
+        with torch.no_grad():
+            out = model(**inputs)[0]
+        (rec,) = omni_compile.compile_state(model).records
+        entry = rec.attention["generic.attn2"]
+        if attention:
+            assert entry["implementation"] == "TRITON_ATTN", entry
+        else:
+            (times,) = entry["measured"].values()
+            assert set(times) == {"TRITON_ATTN", "TORCH_SDPA"} and all(isinstance(t, float) for t in times.values()), entry
+            assert "key bias" in next(iter(entry["measured"])), entry
+        assert rel_l2(out, ref) < 2e-2 < rel_l2(unmasked, ref), (rel_l2(out, ref), rel_l2(unmasked, ref))
         omni_compile.uncompile(model)
 
 

@@ -41,16 +41,18 @@ class Shape:
     dtype: torch.dtype
     device: str
     key_padding: bool = False  # the call has a key-padding mask: timed with one (`key_mask`)
+    key_bias: bool = False  # the call has a key bias: timed with one (`bias`)
 
     @classmethod
     def of(cls, call: AttentionCall, device: str) -> Shape | None:
         fields = (call.batch, call.heads, call.q_len, call.kv_len, call.head_dim, call.dtype)
-        if any(f is None for f in fields) or call.mask not in (None, "key_padding"):
+        if any(f is None for f in fields) or call.mask not in (None, "key_padding", "key_bias"):
             return None
-        return cls(*fields, device, key_padding=call.mask == "key_padding")  # type: ignore[arg-type]
+        return cls(*fields, device, key_padding=call.mask == "key_padding",  # type: ignore[arg-type]
+                   key_bias=call.mask == "key_bias")  # fmt: skip
 
     def describe(self) -> str:
-        masked = " key-padding mask" if self.key_padding else ""
+        masked = " key-padding mask" if self.key_padding else " key bias" if self.key_bias else ""
         return f"{self.batch}x{self.q_len}x{self.heads}x{self.head_dim} kv {self.kv_len}{masked} {str(self.dtype)[6:]}"
 
     def key_mask(self) -> torch.Tensor | None:
@@ -60,6 +62,24 @@ class Shape:
             return None
         keep = torch.arange(self.kv_len, device=self.device) % 8 != 7
         return keep.expand(self.batch, self.kv_len)
+
+    def bias(self, generator: torch.Generator) -> torch.Tensor | None:
+        """The key bias a call with one is timed with, [B, H, S_kv] of the call's dtype, one row per batch
+        broadcast over the heads (stride 0, as a mask made per batch row reaches the call): random normal
+        values, every 8th key at -10000 (how diffusers models write a dropped key)."""
+        if not self.key_bias:
+            return None
+        bias = torch.randn(self.batch, 1, self.kv_len, generator=generator, device=self.device)
+        bias[..., 7::8] = -10000.0
+        return bias.to(self.dtype).expand(self.batch, self.heads, self.kv_len)
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The mask arguments of a runner for this shape (none, `key_mask` or `key_bias`)."""
+        if self.key_padding:
+            return {"key_mask": self.key_mask()}
+        if self.key_bias:
+            return {"key_bias": self.bias(torch.Generator(device=self.device).manual_seed(1))}
+        return {}
 
 
 def runner(backend: str) -> Callable[..., torch.Tensor]:
@@ -103,8 +123,7 @@ def measure(backends: tuple[str, ...], shape: Shape) -> dict[str, float | str]:
 
         q, k, v = rand(shape.q_len), rand(shape.kv_len), rand(shape.kv_len)
         scale = 1.0 / math.sqrt(shape.head_dim)
-        mask = shape.key_mask()
-        masked = {} if mask is None else {"key_mask": mask}
+        masked = shape.inputs()
         reference = runner("TORCH_SDPA")(q, k, v, scale, **masked).float()
         out: dict[str, float | str] = {}
         for name in backends:

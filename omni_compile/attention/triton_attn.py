@@ -1,4 +1,4 @@
-"""`omni_compile::attention_triton`: our Triton flash-attention forward (non-causal, key-padding mask).
+"""`omni_compile::attention_triton`: our Triton flash-attention forward (non-causal, key-padding mask or key bias).
 
 softmax(q kᵀ · scale) v for q [B, Sq, H, D] and k, v [B, Skv, H, D] (diffusers' layout before its
 transposes), each read through its own strides (a [B, H, S, D]-contiguous tensor permuted to BSHD
@@ -10,7 +10,9 @@ in by log2(e), the accumulator rescaled by exp2(m_old - m_new) before each P·V.
 `tl.dot`s with fp32 accumulation; P is rounded to v's dtype before P·V. The head dim is padded to
 BLOCK_D (next power of two, masked when D is not one); full key blocks run without bounds checks,
 the tail block masks keys >= Skv to -inf. A key-padding mask (bool [B, Skv], True = attend) masks
-keys the same way; a row whose keys are all masked has l = 0 and gives zeros. Offsets that can
+keys the same way; a row whose keys are all masked has l = 0 and gives zeros. A key bias (float [B, H, Skv],
+any strides: an additive mask that is the same for every query, such as `(1 - mask) * -10000`) is added
+to each score before the softmax, in fp32; -inf entries drop their keys as the mask does. Offsets that can
 exceed int32 (batch and head bases, the start of a query block) are int64; the key and value
 pointers advance by BLOCK_N rows per step.
 
@@ -93,6 +95,7 @@ def _attention_kernel(
     k_ptr,
     v_ptr,
     mask_ptr,
+    bias_ptr,
     out_ptr,
     Sq,
     Skv,
@@ -108,6 +111,9 @@ def _attention_kernel(
     sv_h,
     sm_b,
     sm_s,
+    sb_b,
+    sb_h,
+    sb_s,
     so_b,
     so_s,
     so_h,
@@ -117,6 +123,7 @@ def _attention_kernel(
     SVD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -139,6 +146,8 @@ def _attention_kernel(
     kt_ptrs = k_ptr + b * sk_b + h * sk_h + cols[None, :] * sk_s + d[:, None] * SKD  # Kᵀ tile [BD, BN]
     v_ptrs = v_ptr + b * sv_b + h * sv_h + cols[:, None] * sv_s + d[None, :] * SVD
     m_ptrs = mask_ptr + b * sm_b + cols * sm_s
+    b_ptrs = bias_ptr + b * sb_b + h * sb_h + cols * sb_s
+    SOFT_MASKED: tl.constexpr = HAS_MASK or HAS_BIAS  # rows may have no key with a finite score
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -156,10 +165,13 @@ def _attention_kernel(
         else:
             valid = cols < BLOCK_N
         s = half_dot(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EMULATE_RTNE) * qk_scale
-        acc, m_i, l_i = softmax_step(acc, m_i, l_i, s, v, valid, HAS_MASK, EMULATE_RTNE)
+        if HAS_BIAS:
+            s += tl.load(b_ptrs).to(tl.float32)[None, :] * 1.4426950408889634
+        acc, m_i, l_i = softmax_step(acc, m_i, l_i, s, v, valid, SOFT_MASKED, EMULATE_RTNE)
         kt_ptrs += BLOCK_N * sk_s
         v_ptrs += BLOCK_N * sv_s
         m_ptrs += BLOCK_N * sm_s
+        b_ptrs += BLOCK_N * sb_s
     if n_full < Skv:  # the tail block: keys past Skv are masked
         in_kv = (n_full + cols) < Skv
         kt = tl.load(kt_ptrs, mask=in_kv[None, :] & d_ok[:, None], other=0.0)
@@ -168,6 +180,8 @@ def _attention_kernel(
         if HAS_MASK:
             valid = valid & (tl.load(m_ptrs, mask=in_kv, other=0) != 0)
         s = half_dot(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), EMULATE_RTNE) * qk_scale
+        if HAS_BIAS:
+            s += tl.load(b_ptrs, mask=in_kv, other=0.0).to(tl.float32)[None, :] * 1.4426950408889634
         acc, m_i, l_i = softmax_step(acc, m_i, l_i, s, v, valid, True, EMULATE_RTNE)
     store_rows(out_ptr, acc, l_i, b, h, start_m, Sq, so_b, so_s, so_h, HEAD_DIM, BLOCK_M, BLOCK_D, EMULATE_RTNE)
 
@@ -233,12 +247,23 @@ def check_inputs(q, k, v, key_mask, scale, what: str = "the Triton kernel") -> s
     return None
 
 
-def supports(q, k, v, key_mask, scale) -> str | None:
+def check_bias(q, k, key_bias) -> str | None:
+    """None when `key_bias` is a float [B, H, Skv] tensor (any strides) on q's device, or None."""
+    if key_bias is None:
+        return None
+    (B, _, H, _), Skv = q.shape, k.shape[1]
+    if not key_bias.dtype.is_floating_point or tuple(key_bias.shape) != (B, H, Skv) or key_bias.device != q.device:
+        got = f"{_dtype_name(key_bias.dtype)} {list(key_bias.shape)} on {key_bias.device}"
+        return f"key_bias must be a float [B, H, Skv] = [{B}, {H}, {Skv}] tensor on q's device; got {got}"
+    return None
+
+
+def supports(q, k, v, key_mask, scale, key_bias=None) -> str | None:
     """None when `attention_triton` handles these inputs (only dtype, shape and device are read)."""
-    return check_inputs(q, k, v, key_mask, scale)
+    return check_inputs(q, k, v, key_mask, scale) or check_bias(q, k, key_bias)
 
 
-def _launch(q, k, v, key_mask, scale, out, config=None):
+def _launch(q, k, v, key_mask, scale, out, config=None, key_bias=None):
     """Launch the kernel writing `out` ([B, Sq, H, D] of q's dtype, unit stride in D). `config` overrides
     the tiling (keys of CONFIG_KEYS)."""
     B, Sq, H, D = q.shape
@@ -248,12 +273,15 @@ def _launch(q, k, v, key_mask, scale, out, config=None):
     t = tiling(D, Sq, Skv, config)
     km = q if key_mask is None else key_mask
     sm_b, sm_s = (0, 0) if key_mask is None else (km.stride(0), km.stride(1))
+    kb = q if key_bias is None else key_bias
+    sb_b, sb_h, sb_s = (0, 0, 0) if key_bias is None else kb.stride()
     grid = (triton.cdiv(Sq, t["BLOCK_M"]), B * H)
     launcher(_attention_kernel)[grid](
         q,
         k,
         v,
         km,
+        kb,
         out,
         Sq,
         Skv,
@@ -269,6 +297,9 @@ def _launch(q, k, v, key_mask, scale, out, config=None):
         v.stride(2),
         sm_b,
         sm_s,
+        sb_b,
+        sb_h,
+        sb_s,
         out.stride(0),
         out.stride(1),
         out.stride(2),
@@ -278,6 +309,7 @@ def _launch(q, k, v, key_mask, scale, out, config=None):
         SVD=v.stride(3),
         HEAD_DIM=D,
         HAS_MASK=key_mask is not None,
+        HAS_BIAS=key_bias is not None,
         BLOCK_M=t["BLOCK_M"],
         BLOCK_N=t["BLOCK_N"],
         BLOCK_D=next_pow2(D),
@@ -289,31 +321,41 @@ def _launch(q, k, v, key_mask, scale, out, config=None):
 
 
 def _attention_impl(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    scale: float,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`omni_compile::attention_triton` as one Triton kernel."""
-    reason = supports(q, k, v, key_mask, scale)
+    reason = supports(q, k, v, key_mask, scale, key_bias)
     if reason:
         raise ValueError(f"omni_compile::attention_triton: {reason}")
     if INTERPRETED:  # see `attention_triton_extern`
-        return attention_triton_extern(q, k, v, key_mask, scale)
+        return attention_triton_extern(q, k, v, key_mask, scale, key_bias)
     # new_empty dispatches on q, so under a functional trace the output is fake like q.
     out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], q.shape[3]))
-    return _launch(q, k, v, key_mask, scale, out)
+    return _launch(q, k, v, key_mask, scale, out, key_bias=key_bias)
 
 
 @torch.library.custom_op("omni_compile::attention_triton_extern", mutates_args=())
 def attention_triton_extern(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    scale: float,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel behind an opaque op (Inductor calls it as an external kernel). Under the interpreter the
     launch is a plain Python call that cannot run on fake tensors, so there `attention_triton` calls this
     op, whose fake impl only allocates; on GPUs the launch goes through wrap_triton and is traced."""
-    return _launch(q, k, v, key_mask, scale, q.new_empty(q.shape))
+    return _launch(q, k, v, key_mask, scale, q.new_empty(q.shape), key_bias=key_bias)
 
 
 @attention_triton_extern.register_fake
-def _(q, k, v, key_mask, scale):
+def _(q, k, v, key_mask, scale, key_bias=None):
     return q.new_empty(q.shape)
 
 
@@ -325,6 +367,7 @@ __all__ = [
     "TILING",
     "attention_triton",
     "attention_triton_extern",
+    "check_bias",
     "check_inputs",
     "half_dot",
     "softmax_step",

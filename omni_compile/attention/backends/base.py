@@ -33,7 +33,8 @@ class AttentionCall:
     head_dim: int | None = None
     q_len: int | None = None
     kv_len: int | None = None
-    # None: no mask; "key_padding": a bool [B or 1, 1, 1, Skv] mask; "other": any other mask.
+    # None: no mask; "key_padding": a bool [B or 1, 1, 1, Skv] mask; "key_bias": an additive float mask that is the
+    # same for every query ([B or 1, H or 1, 1, Skv], e.g. `(1 - mask) * -10000`); "other": any other mask.
     mask: str | None = None
     batch: int | None = None  # what a measured choice needs besides the above (`attention.measure`)
     heads: int | None = None
@@ -101,12 +102,20 @@ def seqused_attention(op, q, k, v, key_mask, scale):
     return op(q, k, v, used, scale)
 
 
+# What each mask kind is, in the words of a requirement that fails.
+MASK_KINDS = {
+    "key_padding": "a key-padding mask (bool, [B, 1, 1, S_kv])",
+    "key_bias": "a key bias (an additive float mask the same for every query, [B, H, 1, S_kv])",
+    "other": "any other mask",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionBackend(Implementation):
     op: str = OP
     dtypes: tuple[torch.dtype, ...] | None = None  # None: any
     layout: str = "bhsd"  # "bhsd" (SDPA's [B, H, S, D]) or "bshd" ([B, S, H, D], no transposes around the call)
-    masks: tuple[str, ...] = ()  # mask kinds it takes ("key_padding", "other")
+    masks: tuple[str, ...] = ()  # mask kinds it takes (`MASK_KINDS`)
     head_dim: Callable[[Platform, AttentionCall], str | None] = lambda platform, call: None
     extra: Callable[[Platform, AttentionCall], str | None] = lambda platform, call: None
     # How the attention pass lowers a call (passes/attention.py):
@@ -121,6 +130,15 @@ class AttentionBackend(Implementation):
     # "op" backends that take key-padding masks: the custom op f(q, k, v, seqused_k, scale) attending to the
     # first seqused_k[b] keys of row b (the pass puts the kept keys first: `seqused_attention`)
     load_seqused: Callable[[], Any] | None = None
+    # Why automatic selection may not take it for this call though it could run it (None: it may); a choice by
+    # name skips it. E.g. a kernel that is a candidate on a GPU only for the masks the vendor kernels do not take.
+    automatic: Callable[[Platform, AttentionCall], str | None] = lambda platform, call: None
+
+    def check(self, platform: Platform, call: Any = None, explicit: bool = False) -> str | None:
+        why = super().check(platform, call, explicit)
+        if why is None and call is not None and not explicit:
+            why = self.automatic(platform, call)
+        return why
 
     def requirements(self, platform: Platform, call: AttentionCall) -> str | None:
         if self.dtypes is not None and call.dtype is not None and call.dtype not in self.dtypes:
@@ -130,23 +148,26 @@ class AttentionBackend(Implementation):
         if reason:
             return reason
         if call.mask is not None and call.mask not in self.masks:
-            takes = "only a key-padding mask (bool, [B, 1, 1, S_kv])" if self.masks else "no attention mask"
+            takes = " or ".join(MASK_KINDS[m] for m in self.masks) if self.masks else "no attention mask"
+            takes = "only " + takes if self.masks and "other" not in self.masks else takes
             return f"the call has an attention mask ({call.mask.replace('_', '-')}) and {self.name} takes {takes}"
         return self.extra(platform, call)
 
     def runner(self) -> Callable[..., torch.Tensor]:
-        """fn(q, k, v, scale, key_mask=None) on [B, S, H, D] tensors -> [B, S, H, D], `key_mask` a bool [B, S_kv]
-        (True: attend): the backend as a compiled graph runs it (what `attention.measure` times)."""
+        """fn(q, k, v, scale, key_mask=None, key_bias=None) on [B, S, H, D] tensors -> [B, S, H, D], `key_mask` a
+        bool [B, S_kv] (True: attend), `key_bias` a float [B, H, S_kv] added to the scores: the backend as a
+        compiled graph runs it (what `attention.measure` times)."""
         if self.form == "sdpa":
-            def sdpa(q, k, v, scale, key_mask=None):
+            def sdpa(q, k, v, scale, key_mask=None, key_bias=None):
                 t = (_to_bshd(x) for x in (q, k, v))
                 mask = None if key_mask is None else key_mask[:, None, None, :]
+                mask = mask if key_bias is None else key_bias[:, :, None, :]
                 return torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=mask, scale=scale).transpose(1, 2)
 
             return sdpa
         if self.form == "cudnn":
-            def cudnn(q, k, v, scale, key_mask=None):
-                assert key_mask is None, "CUDNN_ATTN as wrapped here takes no mask"
+            def cudnn(q, k, v, scale, key_mask=None, key_bias=None):
+                assert key_mask is None and key_bias is None, "CUDNN_ATTN as wrapped here takes no mask"
                 t = (_to_bshd(x) for x in (q, k, v))
                 out = torch.ops.aten._scaled_dot_product_cudnn_attention(*t, None, False, 0.0, False, False,
                                                                          scale=scale)[0]  # fmt: skip
@@ -156,7 +177,8 @@ class AttentionBackend(Implementation):
         if self.form == "op":
             op = self.load()
 
-            def call(q, k, v, scale, key_mask=None):
+            def call(q, k, v, scale, key_mask=None, key_bias=None):
+                assert key_bias is None, f"{self.name} takes no key bias"
                 if key_mask is None:
                     return op(q, k, v, scale)
                 assert self.load_seqused is not None, f"{self.name} takes no mask"
@@ -164,4 +186,10 @@ class AttentionBackend(Implementation):
 
             return call
         op, _ = self.load()
-        return lambda q, k, v, scale, key_mask=None: op(q, k, v, key_mask, scale)
+
+        def kernel(q, k, v, scale, key_mask=None, key_bias=None):
+            if key_bias is None:  # not every kernel takes one
+                return op(q, k, v, key_mask, scale)
+            return op(q, k, v, key_mask, scale, key_bias)
+
+        return kernel

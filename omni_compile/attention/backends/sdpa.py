@@ -12,7 +12,7 @@ BACKEND = register(
         platforms=ALL_PLATFORMS,
         priority=dict.fromkeys(ALL_PLATFORMS, 0),
         layout="bhsd",
-        masks=("key_padding", "other"),
+        masks=("key_padding", "key_bias", "other"),
         form="sdpa",
     )
 )
