@@ -2,8 +2,9 @@
 
 `OmniPass` implements Inductor's `CustomGraphPass`: `__call__(graph)` rewrites a post-grad ATen graph
 in place and returns how many rewrites it made, and `uuid()` hashes the pass's own source, the
-source of every pattern it registered and its options, so Inductor's caches key on exactly what
-the pass does.
+source of every pattern it registered, its options and the code every pass shares (`code_fingerprint`:
+the passes, fused ops, kernels and attention backends), so Inductor's caches key on exactly what the
+pass does: a cache written by other code of these is never read back.
 
 The manager makes each pass from a `PassContext` (`OmniPass.from_context`: the platform, the compile
 config, the pass's options, the implementation choices and the adapter's attention roles) and runs it
@@ -36,6 +37,25 @@ def _source(obj: Any) -> str:
         return inspect.getsource(obj)
     except (OSError, TypeError):
         return getattr(obj, "__qualname__", repr(obj))
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A hash of the source files of what the passes emit and how: the passes themselves, the fused ops and
+    their kernels, the attention backends. A pass's own class source misses the helpers it calls (a function
+    of its module, a kernel's launcher); with this, changing any of them changes every pass's uuid."""
+    from pathlib import Path
+
+    import omni_compile
+
+    here = Path(__file__).resolve().parent
+    package = Path(omni_compile.__file__).resolve().parent
+    files = sorted({*here.glob("*.py"), *(package / "ops").rglob("*.py"), *(package / "attention").rglob("*.py")})
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def _trace_like_post_grad(fn, args, **kwargs):
@@ -142,6 +162,7 @@ class OmniPass(CustomGraphPass):
             if cls in (OmniPass, PatternPass, CustomGraphPass) or not issubclass(cls, OmniPass):
                 continue
             h.update(_source(cls).encode())
+        h.update(code_fingerprint().encode())
         for src in self._extra_sources:
             h.update(src.encode())
         h.update(json.dumps(self.options, sort_keys=True, default=str).encode())
