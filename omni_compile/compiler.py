@@ -55,6 +55,10 @@ class RegionCompile:
     attention: dict[str, dict] = field(default_factory=dict)  # role -> backend, reason, count
     # False for an Inductor cache hit whose pass log was not found (`PassLogCache`): passes unknown.
     passes_known: bool = True
+    # Where `seconds` went besides Inductor: tracing the passes' patterns (once per process, so the first compile
+    # carries it) and each pass's run (the attention pass's includes timing the backends).
+    prepare_seconds: float = 0.0
+    pass_times: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +68,8 @@ class RegionCompile:
             "cache_hit": self.cache_hit,
             "passes": self.passes if self.passes_known else None,
             "pass_seconds": round(self.pass_seconds, 4),
+            "prepare_seconds": round(self.prepare_seconds, 3),
+            "pass_times": {name: round(t, 4) for name, t in self.pass_times.items()},
             "fused_op_implementations": self.resolutions,
             "attention": self.attention,
             "tensor_inputs": sum(1 for s in self.inputs if s[0] == "tensor"),
@@ -171,6 +177,7 @@ class RegionBackend:
         t0 = time.perf_counter()
         pm = self.state.pass_manager
         pm.prepare()
+        prepared = time.perf_counter()
         with pm.recording(log):
             compiled = compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": pm})
         record = RegionCompile(
@@ -183,6 +190,8 @@ class RegionBackend:
             pass_seconds=sum(r.seconds for r in log.runs),
             resolutions=log.resolutions,
             attention=log.attention,
+            prepare_seconds=prepared - t0,
+            pass_times={r.name: r.seconds for r in log.runs},
         )
         if record.cache_hit:
             counters.region_cache_hits += 1
