@@ -256,7 +256,8 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
             "attention": {r.region: r.attention for r in state.records},
             "pass_uuid": state.pass_uuid,
             # where the first call's compile time went, per region compile: seconds in all, tracing patterns
-            # (the first compile only), each pass (attention: timing the backends too)
+            # (the first compile that runs the passes), each pass (including that tracing; attention: timing
+            # the backends too)
             "compile_seconds": [{"region": r.region, "seconds": round(r.seconds, 3),
                                  "prepare": round(r.prepare_seconds, 3),
                                  "passes": {n: round(t, 3) for n, t in r.pass_times.items()}} for r in state.records],

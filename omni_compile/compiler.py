@@ -55,8 +55,9 @@ class RegionCompile:
     attention: dict[str, dict] = field(default_factory=dict)  # role -> backend, reason, count
     # False for an Inductor cache hit whose pass log was not found (`PassLogCache`): passes unknown.
     passes_known: bool = True
-    # Where `seconds` went besides Inductor: tracing the passes' patterns (once per process, so the first compile
-    # carries it) and each pass's run (the attention pass's includes timing the backends).
+    # Where `seconds` went besides Inductor: tracing the passes' patterns (once per process, by the first compile
+    # that runs the passes) and each pass's run (including that tracing; the attention pass's includes timing
+    # the backends).
     prepare_seconds: float = 0.0
     pass_times: dict[str, float] = field(default_factory=dict)
 
@@ -176,8 +177,9 @@ class RegionBackend:
         counters.regions_compiled += 1
         t0 = time.perf_counter()
         pm = self.state.pass_manager
-        pm.prepare()
-        prepared = time.perf_counter()
+        # The passes trace their patterns on their first run (`PatternPass.materialize`): not at all when
+        # Inductor's result comes from its cache.
+        traced = counters.pattern_trace_seconds
         with pm.recording(log):
             compiled = compile_fx(gm, example_inputs, config_patches={"post_grad_custom_post_pass": pm})
         record = RegionCompile(
@@ -190,7 +192,7 @@ class RegionBackend:
             pass_seconds=sum(r.seconds for r in log.runs),
             resolutions=log.resolutions,
             attention=log.attention,
-            prepare_seconds=prepared - t0,
+            prepare_seconds=counters.pattern_trace_seconds - traced,
             pass_times={r.name: r.seconds for r in log.runs},
         )
         if record.cache_hit:

@@ -28,6 +28,8 @@ class CompilationCounters:
     weight_transforms: int = 0
     # Linears a LoRA was merged into (`omni_compile.runtime.lora`; once per switch of adapter or scale).
     lora_merges: int = 0
+    # Seconds spent tracing the passes' patterns (once per process, by the first compile that runs the passes).
+    pattern_trace_seconds: float = 0.0
     # Pattern matches per pass name.
     pass_matches: Counter = field(default_factory=Counter)
 

@@ -253,21 +253,28 @@ class PatternPass(OmniPass):
     def materialize(self) -> None:
         """Trace and register the patterns recorded so far, in registration order (once).
 
-        `PassManager.prepare` calls this before Inductor compiles. Called from inside a compile (the
+        The pass's first run calls this (a compile whose Inductor result comes from a cache traces nothing);
+        `PassManager.prepare` calls it before an ahead-of-time build. Called from inside a compile (the
         post-grad pass), the tracing must not see that compile's fake-tensor mode or tracing context,
         or the traced patterns differ from the graphs they should match (as Inductor's own lazily
         initialised patterns do: `pattern_matcher.init_once_fakemode`)."""
         if not self._pending:
             return
+        import time
+
         from torch._dynamo.utils import counters as dynamo_counters
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        from omni_compile.counters import counters
+
+        t0 = time.perf_counter()
         pending, self._pending = self._pending, []
         before = dynamo_counters["inductor"].copy()
         with torch._guards.tracing(None), unset_fake_temporarily():
             for register in pending:
                 register()
         dynamo_counters["inductor"] = before  # tracing patterns is not matching them
+        counters.pattern_trace_seconds += time.perf_counter() - t0
 
     def prepare(self) -> None:
         self.materialize()

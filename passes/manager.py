@@ -163,8 +163,8 @@ class PassManager(CustomGraphPass):
         return self
 
     def prepare(self) -> None:
-        """Trace the pattern passes' patterns now, outside any compile (they are deferred so that a
-        build that compiles nothing never traces them); call before handing the manager to Inductor."""
+        """Trace the pattern passes' patterns now, outside any compile (an ahead-of-time build does). Without
+        it each pass traces them on its first run (a compile that Inductor's cache serves traces nothing)."""
         for p in self.passes:
             p.prepare()
 
