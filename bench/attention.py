@@ -58,6 +58,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from omni_compile.attention.measure import Shape  # noqa: E402
+
 
 def shapes(quick: bool):
     # name: (B, Sq, Skv, H, D)
@@ -84,13 +86,6 @@ def _sdpa(backend):
                                                   attn_mask=mask, scale=scale).transpose(1, 2)  # fmt: skip
 
     return run
-
-
-def _key_bias(B, H, Skv, device, dtype):
-    """[B, H, Skv]: random normal, every 8th key at -10000, one row per batch broadcast over the heads."""
-    bias = torch.randn(B, 1, Skv, device=device)
-    bias[..., 7::8] = -10000.0
-    return bias.to(dtype).expand(B, H, Skv)
 
 
 BIAS_BACKENDS = ("sdpa", "sdpa-cudnn", "sdpa-efficient", "triton")  # the ones that take a key bias
@@ -174,14 +169,15 @@ def main() -> int:
         k = torch.randn(B, Skv, H, D, device=dev, dtype=torch.bfloat16)
         v = torch.randn(B, Skv, H, D, device=dev, dtype=torch.bfloat16)
         scale = 1.0 / math.sqrt(D)
-        bias = _key_bias(B, H, Skv, dev, torch.bfloat16) if "key bias" in name else None
+        # the bias the build's measured choice times such a call with (`attention.measure.Shape.bias`)
+        bias = Shape(B, H, Sq, Skv, D, torch.bfloat16, dev, key_bias="key bias" in name).bias(
+            torch.Generator(device=dev).manual_seed(1))
         n_ref = min(args.ref_rows, Sq)
         ref = reference(q, k, v, scale, n_ref, bias)
         flops = 4.0 * B * H * Sq * Skv * D
         variants = [(b, fn, why, None) for b, (fn, why) in table.items()]
         if bias is not None:
-            variants = [(b, fn, why if b in BIAS_BACKENDS else "takes no key bias", c) for b, fn, why, c in variants]
-            variants = [(b, fn if why is None else None, why, c) for b, fn, why, c in variants]
+            variants = [v if v[0] in BIAS_BACKENDS else (v[0], None, "takes no key bias", v[3]) for v in variants]
         if args.sweep and dev == "cuda":
             from omni_compile.attention import triton_attn
 
