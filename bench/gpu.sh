@@ -14,7 +14,7 @@
 #   install    the wheels and omni-compile into /tmp/site (every later stage of the call needs it), and FA4's
 #              CUDA libraries from /tmp/fa4libs (a fa4libs call before) into the same package folders
 #   attention  bench/attention.py: every backend that runs here on the W1/W2/W3, LTX key-bias and odd shapes
-#              (ATTN_BACKENDS, ATTN_ONLY: a shape name's part, ATTN_ARGS: more options, e.g. --sweep)
+#              (ATTN_BACKENDS, ATTN_ONLY: parts of shape names, comma-separated, ATTN_ARGS: more options, e.g. --sweep)
 #   tests      GPU tests of the suite (TESTS_MARK, default gpu; TESTS_K, a -k expression; TESTS, default: attention backends vs float64, the measured choice and
 #              FA3/FA4 in the pass, gemm_gelu, CUDA graphs, GPU artifacts; `pytest -m gpu tests` is all of them)
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs

@@ -265,6 +265,16 @@ def test_measure_drops_a_backend_whose_output_is_off(monkeypatch):
     assert measure.fastest(times) == "TORCH_SDPA" and measure.fastest({"A": "failed"}) is None
 
 
+def test_device_times_run_a_warm_up_then_each_timed_call_once():
+    """`device_times_ms` (the build's timer and bench/attention.py's): one warm-up call (it may compile), then `reps`
+    timed ones; on the CPU wall time, on a GPU the device time of each call queued behind a spin kernel."""
+    from omni_compile.attention import measure
+
+    calls = []
+    times = measure.device_times_ms(lambda: calls.append(1), "cpu", 7)
+    assert len(calls) == 8 and len(times) == 7 and all(t >= 0 for t in times)
+
+
 def test_measure_is_part_of_the_config_and_its_hash():
     from omni_compile.config import CompileConfig
 

@@ -88,25 +88,44 @@ def runner(backend: str) -> Callable[..., torch.Tensor]:
     return BACKENDS[backend].runner()
 
 
-def _time_ms(fn: Callable[[], torch.Tensor], device: str) -> float:
-    """Median milliseconds of `fn` (CUDA events on a GPU), after a warm-up call (the first may compile)."""
+SPIN_CYCLES = 1_500_000  # about 0.75 ms at 2 GHz: longer than the host takes to launch one call of any backend
+
+
+def device_times_ms(fn: Callable[[], object], device: str, reps: int) -> list[float]:
+    """Milliseconds of `reps` runs of `fn` after a warm-up call (the first may compile): on a GPU, the device time.
+
+    On CUDA each run is queued behind a spin kernel, so the host has launched `fn`'s kernels before the GPU
+    reaches them and the events around it time the GPU work alone. Timing a call alone between two events
+    would add the host's launch time whenever the kernel is shorter than it (SDPA with a mask: about 0.1 ms
+    of host time around a 40 us kernel), but inside a compiled step the host runs ahead of the GPU, and a
+    CUDA graph launches nothing at all.
+    """
     import time
 
-    def once() -> float:
-        if device == "cpu":
+    fn()
+    if device == "cpu":
+        times = []
+        for _ in range(reps):
             t = time.perf_counter()
             fn()
-            return 1e3 * (time.perf_counter() - t)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times.append(1e3 * (time.perf_counter() - t))
+        return times
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
 
-    fn()
-    reps = max(MIN_REPS, min(MAX_REPS, math.ceil(TARGET_MS / max(once(), 1e-3))))
-    return statistics.median(once() for _ in range(reps))
+
+def _time_ms(fn: Callable[[], object], device: str) -> float:
+    """Median milliseconds of `fn` (device time on a GPU: `device_times_ms`), over about TARGET_MS of runs."""
+    once = min(device_times_ms(fn, device, 2))
+    reps = max(MIN_REPS, min(MAX_REPS, math.ceil(TARGET_MS / max(once, 1e-3))))
+    return statistics.median(device_times_ms(fn, device, reps))
 
 
 @functools.cache
