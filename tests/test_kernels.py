@@ -567,3 +567,54 @@ def test_triton_ops_inside_torch_compile():
         ref = rms_norm_rope_native(args[0], args[1], None, None, args[4], args[5], EPS, False, False, "halves")
         assert (outs[3].float() - ref.float()).abs().max() <= 2 * 2**-8 * ref.float().abs().max()
     torch._dynamo.reset()
+
+
+def test_launchers_pass_each_input_once(monkeypatch):
+    """A pointer argument the launch never uses gets a spare one-element tensor, never an input again: Inductor
+    stores a not-yet-stored value once per argument it is passed as (LTX-Video's residual sum, five times)."""
+    from omni_compile.attention import triton_attn
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            pass
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append([a for a in args if isinstance(a, torch.Tensor)])
+
+    for module in (adaln_k, rms_k, rope_k, triton_attn):
+        monkeypatch.setattr(module, "launcher", Recorder)
+    x, d = torch.randn(1, 8, 64), torch.randn(1, 8, 4, 16)
+    adaln_k._launch(x, None, x[:, :1], 1e-6, "layer", True, torch.empty_like(x))  # no scale, weight, bias, quant
+    rms_k._launch(x, None, 1e-6, False, torch.empty_like(x))
+    cos, sin = torch.randn(8, 16), torch.randn(8, 16)
+    rope_k._launch(d, None, None, None, cos, sin, 1e-6, False, False, "per_element", torch.empty_like(d))
+    triton_attn._launch(d, d.clone(), d.clone(), None, 0.25, torch.empty_like(d))
+    for tensors in launches:
+        inputs = [t for t in tensors if t.numel() > 1]
+        assert len({id(t) for t in inputs}) == len(inputs), [tuple(t.shape) for t in tensors]
+        assert any(t.numel() == 1 for t in tensors)  # the spare
+    assert len(launches) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.compile
+def test_a_computed_input_is_stored_once_on_cuda():
+    """adaln of a sum inside a compiled graph: Inductor's add kernel stores the sum once (the kernel's unused
+    pointers get a spare, not the sum again: it was stored five times)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+
+    def fn(a, b, scale, shift):
+        return ops.adaln_triton(a + b, scale, shift, EPS, "layer", True)
+
+    g = _gen(0)
+    args = [randn(1, 256, 256, dtype=torch.bfloat16, g=g) for _ in range(2)]
+    args += [randn(1, 1, 256, dtype=torch.bfloat16, g=g) for _ in range(2)]
+    out, (code,) = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), *args)
+    assert torch.equal(out, fn(*args))
+    generated = [k for k in code.split("async_compile.triton(")[1:] if k.lstrip().startswith("'triton_poi")]
+    assert generated and [k.split("device_str")[0].count("tl.store") for k in generated] == [1] * len(generated), code
+    torch._dynamo.reset()

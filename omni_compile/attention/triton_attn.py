@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from omni_compile.ops.kernels._common import EMULATE_RTNE, cast_to, launcher, next_pow2
+from omni_compile.ops.kernels._common import EMULATE_RTNE, cast_to, launcher, next_pow2, unused
 
 HALF = (torch.bfloat16, torch.float16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -271,9 +271,9 @@ def _launch(q, k, v, key_mask, scale, out, config=None, key_bias=None):
     if out.numel() == 0:
         return out
     t = tiling(D, Sq, Skv, config)
-    km = q if key_mask is None else key_mask
+    km = unused(q) if key_mask is None else key_mask
     sm_b, sm_s = (0, 0) if key_mask is None else (km.stride(0), km.stride(1))
-    kb = q if key_bias is None else key_bias
+    kb = unused(q) if key_bias is None else key_bias
     sb_b, sb_h, sb_s = (0, 0, 0) if key_bias is None else kb.stride()
     grid = (triton.cdiv(Sq, t["BLOCK_M"]), B * H)
     launcher(_attention_kernel)[grid](

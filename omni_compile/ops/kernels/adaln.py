@@ -32,6 +32,7 @@ from omni_compile.ops.kernels._common import (
     next_pow2,
     round_to,
     row_tiling,
+    unused,
     width_reason,
 )
 from omni_compile.ops.quant_rows import FP8
@@ -148,30 +149,31 @@ def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=Non
     rows, num_warps = row_tiling(block_d)
     if config:
         rows, num_warps = config.get("ROWS", rows), config.get("num_warps", num_warps)
-    sc = x if scale is None else scale
-    sh = x if shift is None else shift
+    spare = unused(x)
+    sc = spare if scale is None else scale
+    sh = spare if shift is None else shift
     launcher(_adaln_kernel)[(triton.cdiv(B * S, rows),)](
         x,
         sc,
         sh,
-        x if weight is None else weight,
-        x if bias is None else bias,
-        x if out is None else out,
-        x if quant is None else quant[0],
-        x if quant is None else quant[1],
+        spare if weight is None else weight,
+        spare if bias is None else bias,
+        spare if out is None else out,
+        spare if quant is None else quant[0],
+        spare if quant is None else quant[1],
         B * S,
         S,
         D,
         bcast_stride(x, 0),
         bcast_stride(x, 1),
-        bcast_stride(sc, 0),
-        bcast_stride(sc, 1),
-        bcast_stride(sh, 0),
-        bcast_stride(sh, 1),
+        0 if scale is None else bcast_stride(sc, 0),
+        0 if scale is None else bcast_stride(sc, 1),
+        0 if shift is None else bcast_stride(sh, 0),
+        0 if shift is None else bcast_stride(sh, 1),
         eps,
         SXD=x.stride(2),
-        SSCD=sc.stride(2),
-        SSHD=sh.stride(2),
+        SSCD=1 if scale is None else sc.stride(2),
+        SSHD=1 if shift is None else sh.stride(2),
         HAS_SCALE=scale is not None,
         HAS_SHIFT=shift is not None,
         HAS_WEIGHT=weight is not None,

@@ -32,6 +32,7 @@ from omni_compile.ops.kernels._common import (
     round_to,
     row_offsets,
     row_tiling,
+    unused,
     width_reason,
 )
 from omni_compile.ops.registry import Kernel, register
@@ -110,7 +111,7 @@ def _launch(x, weight, eps, cast_before_weight, out, config=None):
     n_rows = x.numel() // d
     launcher(_rms_norm_kernel)[(triton.cdiv(n_rows, rows),)](
         x,
-        x if weight is None else weight,
+        unused(x) if weight is None else weight,
         out,
         n_rows,
         n1,

@@ -41,6 +41,7 @@ from omni_compile.ops.kernels._common import (
     launcher,
     next_pow2,
     round_to,
+    unused,
     width_reason,
 )
 from omni_compile.ops.registry import Kernel, PairedLaunch, register
@@ -425,6 +426,11 @@ def _tiling(H: int, D: int, across: bool) -> tuple[int, int, int, bool]:
     return block_h, block_half, num_warps, True
 
 
+def _strides(t: torch.Tensor, given: object) -> tuple[int, ...]:
+    """A 4-d operand's strides, or (0, 0, 0, 1) for the spare that stands in for one not `given`."""
+    return tuple(t.stride()) if given is not None else (0, 0, 0, 1)
+
+
 def _launch(
     x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out, config=None,
     pair=None,
@@ -442,14 +448,15 @@ def _launch(
         block_h = config.get("BLOCK_H", block_h)
         num_warps = config.get("num_warps", num_warps)
         split = config.get("SPLIT", split)
-    xt = x if x_tail is None else x_tail
-    w = x if weight is None else weight
-    wt = x if weight_tail is None else weight_tail
-    # unpaired: x stands for y's pointers, as for a missing weight (PAIR=False never reads or writes them)
-    y, weight_y, y_tail, weight_y_tail, out_y = pair if pair is not None else (x, None, None, None, x)
-    yt = y if y_tail is None else y_tail
-    wy = y if weight_y is None else weight_y
-    wyt = y if weight_y_tail is None else weight_y_tail
+    spare = unused(x)
+    xt = spare if x_tail is None else x_tail
+    w = spare if weight is None else weight
+    wt = spare if weight_tail is None else weight_tail
+    # unpaired: a spare stands for y's pointers, as for a missing weight (PAIR=False never reads or writes them)
+    y, weight_y, y_tail, weight_y_tail, out_y = pair if pair is not None else (spare, None, None, None, spare)
+    yt = spare if y_tail is None else y_tail
+    wy = spare if weight_y is None else weight_y
+    wyt = spare if weight_y_tail is None else weight_y_tail
     launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
         x,
         w,
@@ -467,27 +474,19 @@ def _launch(
         s_total,
         H,
         D,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        xt.stride(0),
-        xt.stride(1),
-        xt.stride(2),
-        y.stride(0),
-        y.stride(1),
-        y.stride(2),
-        yt.stride(0),
-        yt.stride(1),
-        yt.stride(2),
+        *x.stride()[:3],
+        *_strides(xt, x_tail)[:3],
+        *_strides(y, pair)[:3],
+        *_strides(yt, y_tail)[:3],
         cos.stride(0),
         sin.stride(0),
         eps,
         SXD=x.stride(3),
-        SXTD=xt.stride(3),
+        SXTD=_strides(xt, x_tail)[3],
         SW=1 if weight is None else weight.stride(0),
         SWT=1 if weight_tail is None else weight_tail.stride(0),
-        SYD=y.stride(3),
-        SYTD=yt.stride(3),
+        SYD=_strides(y, pair)[3],
+        SYTD=_strides(yt, y_tail)[3],
         SWY=1 if weight_y is None else weight_y.stride(0),
         SWYT=1 if weight_y_tail is None else weight_y_tail.stride(0),
         SCD=cos.stride(1),
