@@ -591,10 +591,9 @@ def test_launchers_pass_each_input_once(monkeypatch):
     cos, sin = torch.randn(8, 16), torch.randn(8, 16)
     rope_k._launch(d, None, None, None, cos, sin, 1e-6, False, False, "per_element", torch.empty_like(d))
     triton_attn._launch(d, d.clone(), d.clone(), None, 0.25, torch.empty_like(d))
-    for tensors in launches:
-        inputs = [t for t in tensors if t.numel() > 1]
-        assert len({id(t) for t in inputs}) == len(inputs), [tuple(t.shape) for t in tensors]
-        assert any(t.numel() == 1 for t in tensors)  # the spare
+    for tensors in launches:  # every tensor once: inputs and spares alike
+        assert len({id(t) for t in tensors}) == len(tensors), [tuple(t.shape) for t in tensors]
+        assert any(t.numel() == 1 for t in tensors)  # a spare
     assert len(launches) == 4
 
 
@@ -616,5 +615,6 @@ def test_a_computed_input_is_stored_once_on_cuda():
     out, (code,) = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), *args)
     assert torch.equal(out, fn(*args))
     generated = [k for k in code.split("async_compile.triton(")[1:] if k.lstrip().startswith("'triton_poi")]
-    assert generated and [k.split("device_str")[0].count("tl.store") for k in generated] == [1] * len(generated), code
+    # one kernel of Inductor's own, the add, storing once: no copies of the spares either
+    assert [k.split("device_str")[0].count("tl.store") for k in generated] == [1], code
     torch._dynamo.reset()

@@ -149,18 +149,17 @@ def _launch(x, scale, shift, eps, norm, round_norm, out, config=None, weight=Non
     rows, num_warps = row_tiling(block_d)
     if config:
         rows, num_warps = config.get("ROWS", rows), config.get("num_warps", num_warps)
-    spare = unused(x)
-    sc = spare if scale is None else scale
-    sh = spare if shift is None else shift
+    sc = unused(x) if scale is None else scale
+    sh = unused(x) if shift is None else shift
     launcher(_adaln_kernel)[(triton.cdiv(B * S, rows),)](
         x,
         sc,
         sh,
-        spare if weight is None else weight,
-        spare if bias is None else bias,
-        spare if out is None else out,
-        spare if quant is None else quant[0],
-        spare if quant is None else quant[1],
+        unused(x) if weight is None else weight,
+        unused(x) if bias is None else bias,
+        unused(x) if out is None else out,
+        unused(x) if quant is None else quant[0],
+        unused(x) if quant is None else quant[1],
         B * S,
         S,
         D,

@@ -448,15 +448,14 @@ def _launch(
         block_h = config.get("BLOCK_H", block_h)
         num_warps = config.get("num_warps", num_warps)
         split = config.get("SPLIT", split)
-    spare = unused(x)
-    xt = spare if x_tail is None else x_tail
-    w = spare if weight is None else weight
-    wt = spare if weight_tail is None else weight_tail
-    # unpaired: a spare stands for y's pointers, as for a missing weight (PAIR=False never reads or writes them)
-    y, weight_y, y_tail, weight_y_tail, out_y = pair if pair is not None else (spare, None, None, None, spare)
-    yt = spare if y_tail is None else y_tail
-    wy = spare if weight_y is None else weight_y
-    wyt = spare if weight_y_tail is None else weight_y_tail
+    xt = unused(x) if x_tail is None else x_tail
+    w = unused(x) if weight is None else weight
+    wt = unused(x) if weight_tail is None else weight_tail
+    # unpaired: spares stand for y's pointers, as for a missing weight (PAIR=False never reads or writes them)
+    y, weight_y, y_tail, weight_y_tail, out_y = pair if pair is not None else (unused(x), None, None, None, unused(x))
+    yt = unused(x) if y_tail is None else y_tail
+    wy = unused(x) if weight_y is None else weight_y
+    wyt = unused(x) if weight_y_tail is None else weight_y_tail
     launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
         x,
         w,
