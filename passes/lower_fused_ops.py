@@ -50,7 +50,8 @@ def functional_trace(fn, args):
 
     `make_fx` records each `wrap_triton(kernel)[grid](...)` launch as a `triton_kernel_wrapper_mutation`
     node writing into buffers the launcher allocated. Each becomes a `triton_kernel_wrapper_functional`
-    whose `tensors_to_clone` are exactly those fresh buffers (the launchers write nothing else), and
+    whose `tensors_to_clone` are exactly those fresh buffers that are read after it (the launchers write
+    nothing else; a fresh buffer nothing else reads is a spare for an unused pointer, never written), and
     later uses read the buffers from its result. Inductor's re-inplacing drops the clones of the fresh
     buffers, then lowers the launches like user-defined Triton kernels. Tracing runs in the fake mode of
     the example values, and needs no GPU: Triton's own mutation analysis is not used.
@@ -67,7 +68,10 @@ def functional_trace(fn, args):
         if node.target is not triton_kernel_wrapper_mutation:
             continue
         params = node.kwargs["kwargs"]
-        outs = [k for k, v in params.items() if isinstance(v, torch.fx.Node) and v.target in fresh]
+        # the buffers it writes: fresh ones read after the launch (the launcher returns them); a fresh buffer only
+        # this launch takes is a spare for a pointer the kernel never uses (`ops.kernels._common.unused`)
+        outs = [k for k, v in params.items()
+                if isinstance(v, torch.fx.Node) and v.target in fresh and any(u is not node for u in v.users)]  # fmt: skip
         if not outs:
             raise RuntimeError(f"kernel launch writes no buffer the launcher allocated: {node.format_node()}")
         with graph.inserting_after(node):
