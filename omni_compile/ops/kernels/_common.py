@@ -164,8 +164,9 @@ def unused(like: torch.Tensor) -> torch.Tensor:
     Not `like` itself: Inductor realizes each tensor argument of a user kernel on its own, so a value it has not
     stored yet (a view of a pointwise result) passed as several arguments is written once per argument. On
     LTX-Video the adaln kernel's input, the residual sum, was stored five times: 56 us a call instead of 15.
-    One spare per argument, not one shared: a spare passed as several arguments was copied once per argument
-    (run 23: nine 1-element copy kernels per LTX-Video block).
+    One spare per argument: `lower_fused_ops` tells a spare from an output by its users (an output is read after
+    the launch) and clones neither; before it did, a spare shared by several arguments was taken for an output and
+    copied once per argument (run 23: nine 1-element copy kernels per LTX-Video block).
     """
     return like.new_empty(1)
 
