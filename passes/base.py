@@ -217,7 +217,7 @@ class PatternPass(OmniPass):
             self._extra_sources.append("recheck=False")
             self._pending.append(
                 lambda: _register_without_recheck(
-                    self.patterns, search_fn, replace_fn, example_inputs, extra_check, scalar_workaround
+                    self.patterns, search_fn, replace_fn, _as_fake(example_inputs), extra_check, scalar_workaround
                 )
             )
             return
@@ -229,7 +229,7 @@ class PatternPass(OmniPass):
             lambda: register_replacement(
                 pinned,
                 replace_fn,
-                example_inputs,
+                _as_fake(example_inputs),
                 _trace_like_post_grad,
                 self.patterns,
                 extra_check=extra_check or (lambda match: True),
@@ -257,20 +257,22 @@ class PatternPass(OmniPass):
         `PassManager.prepare` calls it before an ahead-of-time build. Called from inside a compile (the
         post-grad pass), the tracing must not see that compile's fake-tensor mode or tracing context,
         or the traced patterns differ from the graphs they should match (as Inductor's own lazily
-        initialised patterns do: `pattern_matcher.init_once_fakemode`)."""
+        initialised patterns do: `pattern_matcher.init_once_fakemode`). Like those, they are traced in a fake
+        mode of their own, on fake example inputs: tracing real tensors made a new fake mode for every value
+        to record its metadata (about a third of the tracing time)."""
         if not self._pending:
             return
         import time
 
         from torch._dynamo.utils import counters as dynamo_counters
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
         from omni_compile.counters import counters
 
         t0 = time.perf_counter()
         pending, self._pending = self._pending, []
         before = dynamo_counters["inductor"].copy()
-        with torch._guards.tracing(None), unset_fake_temporarily():
+        with torch._guards.tracing(None), unset_fake_temporarily(), FakeTensorMode():
             for register in pending:
                 register()
         dynamo_counters["inductor"] = before  # tracing patterns is not matching them
@@ -282,6 +284,14 @@ class PatternPass(OmniPass):
     def apply(self, graph: torch.fx.Graph) -> int:
         self.materialize()
         return self.patterns.apply(graph)
+
+
+def _as_fake(values: list[Any]) -> list[Any]:
+    """`values` with each tensor made a fake tensor of the active fake mode (`materialize`'s), if there is one."""
+    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    if mode is None:
+        return values
+    return [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def _pinned(search_fn: Callable, scalar_workaround: dict[str, float]) -> Callable:
