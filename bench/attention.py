@@ -133,9 +133,8 @@ def reference(q, k, v, scale, rows, bias=None):
 
 def timeit(fn, reps, device):
     """Milliseconds of `reps` runs: on a GPU the device time, as the build's measured choice takes it
-    (`attention.measure.device_times_ms`: each run queued behind a spin kernel, so host launch time is not in it)."""
-    for _ in range(2):
-        fn()
+    (`attention.measure.device_times_ms`: a warm-up, then each run queued behind a spin kernel, so host launch
+    time is not in it)."""
     return device_times_ms(fn, device, reps)
 
 

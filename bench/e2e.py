@@ -258,8 +258,8 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
             # where the first call's compile time went, per region compile: seconds in all, tracing patterns
             # (the first compile that runs the passes), each pass (including that tracing; attention: timing
             # the backends too)
-            "compile_seconds": [{k: r.to_json()[k] for k in ("region", "seconds", "prepare_seconds", "pass_times")}
-                                for r in state.records],
+            "compile_seconds": [{k: v for k, v in r.to_json().items() if k in ("region", "seconds", "prepare_seconds",
+                                                                                 "pass_times")} for r in state.records],
         }
         if mode == "omni":
             saved = torch.compiler.save_cache_artifacts()

@@ -55,6 +55,7 @@ from omni_compile.ops.kernels import adaln as adaln_k
 from omni_compile.ops.kernels import gated_residual as gated_k
 from omni_compile.ops.kernels import rms_norm as rms_k
 from omni_compile.ops.kernels import rms_norm_rope as rope_k
+from omni_compile.attention.measure import device_times_ms
 from omni_compile.ops.kernels._common import next_pow2
 
 try:
@@ -294,7 +295,6 @@ def span_bytes(tensors) -> int:
 
 
 _FLUSH = None
-SPIN_CYCLES = 1_500_000  # about 0.75 ms at the H200's 1.98 GHz: longer than any case's host-side launch time
 
 
 def timeit(fn, device: str, reps: int | None) -> list[float]:
@@ -303,31 +303,13 @@ def timeit(fn, device: str, reps: int | None) -> list[float]:
     On CUDA, each of `reps` (default 100) runs starts with a cold L2 (a 256 MB buffer is zeroed) and a spin
     kernel, so the host has queued `fn`'s kernels before the GPU reaches them: the CUDA events around `fn`
     time the GPU work alone, not Python or launcher overhead (the kernels run embedded in Inductor's graphs).
+    The timer is the build's own (`attention.measure.device_times_ms`).
     """
     global _FLUSH
-    if device != "cuda":
-        fn()
-        times = []
-        for _ in range(reps or 5):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e6 * (time.perf_counter() - t0))
-        return [min(times), statistics.median(times), max(times)]
-    if _FLUSH is None:
+    if device == "cuda" and _FLUSH is None:
         _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for _ in range(3):
-        fn()
-    n = reps or 100
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    torch.cuda.synchronize()
-    for start, end in events:
-        _FLUSH.zero_()
-        torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = [1000 * start.elapsed_time(end) for start, end in events]
+    flush = _FLUSH.zero_ if device == "cuda" else None
+    times = [1000 * t for t in device_times_ms(fn, device, reps or (100 if device == "cuda" else 5), before=flush)]
     return [min(times), statistics.median(times), max(times)]
 
 

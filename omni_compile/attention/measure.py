@@ -91,8 +91,11 @@ def runner(backend: str) -> Callable[..., torch.Tensor]:
 SPIN_CYCLES = 1_500_000  # about 0.75 ms at 2 GHz: longer than the host takes to launch one call of any backend
 
 
-def device_times_ms(fn: Callable[[], object], device: str, reps: int) -> list[float]:
+def device_times_ms(
+    fn: Callable[[], object], device: str, reps: int, before: Callable[[], object] | None = None
+) -> list[float]:
     """Milliseconds of `reps` runs of `fn` after a warm-up call (the first may compile): on a GPU, the device time.
+    `before` (untimed) runs ahead of each GPU run, e.g. to flush the L2 cache.
 
     On CUDA each run is queued behind a spin kernel, so the host has launched `fn`'s kernels before the GPU
     reaches them and the events around it time the GPU work alone. Timing a call alone between two events
@@ -113,6 +116,8 @@ def device_times_ms(fn: Callable[[], object], device: str, reps: int) -> list[fl
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     torch.cuda.synchronize()
     for start, end in events:
+        if before is not None:
+            before()
         torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         fn()

@@ -456,6 +456,7 @@ def _launch(
     yt = unused(x) if y_tail is None else y_tail
     wy = unused(x) if weight_y is None else weight_y
     wyt = unused(x) if weight_y_tail is None else weight_y_tail
+    sxt, sy, syt = _strides(xt, x_tail), _strides(y, pair), _strides(yt, y_tail)
     launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
         x,
         w,
@@ -474,18 +475,18 @@ def _launch(
         H,
         D,
         *x.stride()[:3],
-        *_strides(xt, x_tail)[:3],
-        *_strides(y, pair)[:3],
-        *_strides(yt, y_tail)[:3],
+        *sxt[:3],
+        *sy[:3],
+        *syt[:3],
         cos.stride(0),
         sin.stride(0),
         eps,
         SXD=x.stride(3),
-        SXTD=_strides(xt, x_tail)[3],
+        SXTD=sxt[3],
         SW=1 if weight is None else weight.stride(0),
         SWT=1 if weight_tail is None else weight_tail.stride(0),
-        SYD=_strides(y, pair)[3],
-        SYTD=_strides(yt, y_tail)[3],
+        SYD=sy[3],
+        SYTD=syt[3],
         SWY=1 if weight_y is None else weight_y.stride(0),
         SWYT=1 if weight_y_tail is None else weight_y_tail.stride(0),
         SCD=cos.stride(1),
