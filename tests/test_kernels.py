@@ -22,7 +22,7 @@ from omni_compile.ops.kernels import gated_residual as gated_k
 from omni_compile.ops.kernels import rms_norm as rms_k
 from omni_compile.ops.kernels import rms_norm_rope as rope_k
 from omni_compile.ops.rms_norm import rms_norm_native
-from omni_compile.ops.rms_norm_rope import rms_norm_rope_native
+from omni_compile.ops.rms_norm_rope import layer_norm_rope_native, rms_norm_rope_native
 from omni_compile.platform import current_platform
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -266,6 +266,10 @@ def _rope_mag(args):
     n = _norm(x, w, eps, cbw, across)
     if xt is not None:
         n = torch.cat([n, _norm(xt, wt, eps, cbw, across)], dim=1)
+    return _rotation_mag(n, cos, sin, tables)
+
+
+def _rotation_mag(n, cos, sin, tables):
     c, s = cos.abs()[None, :, None, :], sin.abs()[None, :, None, :]
     if tables == "halves":
         d = n.shape[-1] // 2
@@ -363,6 +367,83 @@ def test_rms_norm_rope_pair_equals_two_launches(style, across, tail, H, D, cbw):
     single_y = check(rope_k._launch, rms_norm_rope_native, args_y, _rope_mag(args_y))
     out_x, out_y = rope_k._rms_norm_rope_pair_impl(*args_x[:4], *args_y[:4], *shared)
     assert torch.equal(out_x, single_x) and torch.equal(out_y, single_y)
+
+
+def _layer_rope_mag(args):
+    """The rotation's magnitude over (|x| + |mean|) * rstd * |w| + |b| (x - mean and the affine may cancel), in
+    float64; the tokens before `start` are the norm's alone."""
+    x, w, b, cos, sin, eps, tables, start = (up(a) for a in args)
+    var, mean = torch.var_mean(x, -1, correction=0, keepdim=True)
+    n = (x.abs() + mean.abs()) * torch.rsqrt(var + eps)
+    n = n * (w.abs() if w is not None else 1) + (b.abs() if b is not None else 0)
+    return torch.cat([n[:, :start], _rotation_mag(n[:, start:], cos, sin, tables)], dim=1)
+
+
+def _layer_launch(config=None):
+    def launch(x, w, b, cos, sin, eps, tables, start, out):
+        return rope_k._launch(x, w, None, None, cos, sin, eps, False, False, tables, out, config=config, layer=True,
+                              bias=b, start=start)  # fmt: skip
+
+    return launch
+
+
+def layer_cases():
+    for dtype in DTYPES:
+        for style in ("flux", "wan", "halves"):
+            for affine in ("weight_bias", "weight", "none"):
+                for split in (True, False) if style == "flux" and affine != "weight" else (True,):
+                    start = 2 if affine == "none" else 0
+                    yield pytest.param(dtype, style, affine, split, start, id="-".join([
+                        IDS[dtype], style, affine, "split" if split else "stride2", f"start{start}"]))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype,style,affine,split,start", list(layer_cases()))
+def test_layer_norm_rope(dtype, style, affine, split, start):
+    """LayerNorm per head (mean and variance in fp32, the affine in fp32, one rounding), then the rotation of the
+    tokens from `start` on: against float64 and the native op, through both loads; the triton_op bit for bit the
+    launch."""
+    g = _gen(11)
+    B, S, H, D = 2, 5, 3, 24
+    # a heads-first q's transposed view, offset from 0 (the mean matters)
+    x = randn(B, H, S, D, dtype=dtype, g=g, scale=2, offset=0.5).transpose(1, 2)
+    w = randn(D, dtype=dtype, g=g, offset=1) if affine != "none" else None
+    b = randn(D, dtype=dtype, g=g) if affine == "weight_bias" else None
+    cos, sin, tables = rope_tables(style, S - start, D, dtype if style == "wan" else torch.float32, g)
+    args = (x, w, b, cos, sin, EPS, tables, start)
+    assert rope_k.layer_supports(*args) is None
+    check(_layer_launch({"SPLIT": split}), layer_norm_rope_native, args, _layer_rope_mag(args),
+          eager=ops.layer_norm_rope_triton if split else None)  # fmt: skip
+
+
+@pytest.mark.parametrize("H,D", [(5, 16), (24, 8), (1, 2)])
+def test_layer_norm_rope_head_tilings_and_pair(H, D):
+    """Head counts that are not powers of two, several programs a token, head_dim 2; and q and k in one launch, each
+    output bit for bit the single launch's (y with a bias of its own, x with none)."""
+    g = _gen(12)
+    x, y = randn(1, 7, H, D, dtype=torch.bfloat16, g=g), randn(1, 7, H, D, dtype=torch.bfloat16, g=g, offset=1)
+    w, wy, by = (randn(D, dtype=torch.bfloat16, g=g, offset=1) for _ in range(3))
+    cos, sin, tables = rope_tables("flux", 7, D, torch.float32, g)
+    config = {"BLOCK_H": 8} if H == 24 else None
+    args_x, args_y = (x, w, None, cos, sin, EPS, tables, 0), (y, wy, by, cos, sin, EPS, tables, 0)
+    single_x = check(_layer_launch(config), layer_norm_rope_native, args_x, _layer_rope_mag(args_x))
+    single_y = check(_layer_launch(config), layer_norm_rope_native, args_y, _layer_rope_mag(args_y))
+    assert rope_k.layer_supports_pair(x, w, None, y, wy, by, cos, sin, EPS, tables, 0) is None
+    out_x, out_y = rope_k._layer_norm_rope_pair_impl(x, w, None, y, wy, by, cos, sin, EPS, tables, 0)
+    assert torch.equal(out_x, single_x) and torch.equal(out_y, single_y)
+
+
+def test_layer_norm_rope_refuses_what_it_cannot_take():
+    g = _gen(13)
+    x = randn(1, 3, 2, 8, dtype=torch.bfloat16, g=g)
+    cos, sin, tables = rope_tables("flux", 3, 8, torch.float32, g)
+    supports = rope_k.layer_supports
+    assert supports(x, None, x.new_ones(6), cos, sin, EPS, tables, 0) == "bias has shape (6,), expected (8,)"
+    assert "head_dim 7 is odd" in supports(x[..., :7], None, None, cos[:, :7], sin[:, :7], EPS, tables, 0)
+    assert supports(x, None, None, cos, sin, EPS, tables, 1) == "cos has shape (3, 8), expected (2, 8)"
+    assert supports(x, None, None, cos[:0], sin[:0], EPS, tables, 3) == "start=3 is outside the 3 tokens"
+    assert rope_k.layer_supports_pair(x, None, None, x[:, :2], None, None, cos, sin, EPS, tables, 0) == (
+        "cos has shape (3, 8), expected (2, 8)"
+    )
 
 
 def test_rms_norm_rope_pair_refuses_calls_that_differ():
@@ -504,6 +585,15 @@ def gpu_cases():
 
         return make
 
+    def cogview4_rope():  # 32 x 128, 224 text tokens + 4,096 rotated image tokens, rotate-half, no affine
+        cos, sin, tables = rope_tables("halves", 4096, 128, torch.float32, None)
+        return (randn(1, 32, 4320, 128, dtype=bf).transpose(1, 2), None, None, cos, sin, 1e-5, tables, 224)
+
+    def hunyuan_dit_rope():  # 16 x 88, 4,096 tokens, weight and bias
+        cos, sin, tables = rope_tables("flux", 4096, 88, torch.float32, None)
+        return (randn(1, 4096, 16, 88, dtype=bf), randn(88, dtype=bf, offset=1), randn(88, dtype=bf), cos, sin, EPS,
+                tables, 0)  # fmt: skip
+
     def wan_rope():
         tabs = rope_tables("wan", 32760, 128, bf, None)
         return rope_args(randn(1, 32760, 12, 128, dtype=bf), randn(1536, dtype=bf), None, None, tabs, False, True)
@@ -518,6 +608,8 @@ def gpu_cases():
         ("flux_single_rms_norm_rope", rope_k._launch, rms_norm_rope_native, flux_rope(False), _rope_mag),
         ("flux_double_rms_norm_rope", rope_k._launch, rms_norm_rope_native, flux_rope(True), _rope_mag),
         ("wan_rms_norm_rope", rope_k._launch, rms_norm_rope_native, wan_rope, _rope_mag),
+        ("cogview4_layer_norm_rope", _layer_launch(), layer_norm_rope_native, cogview4_rope, _layer_rope_mag),
+        ("hunyuan_dit_layer_norm_rope", _layer_launch(), layer_norm_rope_native, hunyuan_dit_rope, _layer_rope_mag),
     ]
 
 
@@ -548,9 +640,11 @@ def test_triton_ops_inside_torch_compile():
         c = ops.rms_norm_rope_triton(x, w, None, None, table, table, EPS, False, False, "per_pair")
         # rotate-half (Cosmos'): pair i is (i, i + D/2), per-element tables
         r = ops.rms_norm_rope_triton(x, w, None, None, cos, sin, EPS, False, False, "halves")
+        # LayerNorm per head with weight and bias (HunyuanDiT's QK-norm), then FLUX-style tables
+        ln = ops.layer_norm_rope_triton(x, w, w * 0.5, cos[3:], sin[3:], EPS, "per_element", 3)
         n = ops.rms_norm_triton(x, w, EPS, False)
         a = ops.adaln_triton(h, scale[:, None], shift[:, None], EPS, "layer", True)
-        return q, k, c, r, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
+        return q, k, c, r, ln, n, a, ops.gated_residual_triton(h, a * 2, gate[:, None])
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=False)
     for seed in range(4):
@@ -559,7 +653,7 @@ def test_triton_ops_inside_torch_compile():
                 randn(1, 3 * 256, dtype=bf, g=g), *rope_tables("flux", 256, 64, torch.float32, g)[:2],
                 *rope_tables("wan", 256, 64, bf, g)[:2],
                 torch.polar(torch.ones(256, 32, device=DEV), randn(256, 32, g=g)))  # fmt: skip
-        names = ("rope", "wan_rope", "complex_rope", "halves_rope", "rms_norm", "adaln", "gated")
+        names = ("rope", "wan_rope", "complex_rope", "halves_rope", "layer_norm_rope", "rms_norm", "adaln", "gated")
         outs = fn(*args)
         for name, e, c in zip(names, outs, compiled(*args), strict=True):
             assert torch.equal(e, c), f"seed {seed}: {name}: {int((e != c).sum())} elements differ"

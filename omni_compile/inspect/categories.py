@@ -5,7 +5,7 @@
 |---|---|
 | `gemm` | cuBLAS/cuBLASLt/CUTLASS GEMMs, Inductor's GEMM templates, `aten::mm`/`addmm`/`bmm` on CPU |
 | `attention` | cuDNN/flash/efficient/math SDPA kernels, our Triton and SAGE attention kernels |
-| `fused_ops` | our fused-op kernels (rms_norm, rms_norm_rope, adaln, adaln_quant, gated_residual, quant_rows) |
+| `fused_ops` | our fused-op kernels (rms_norm, rms_norm_rope and layer_norm_rope, adaln, adaln_quant, gated_residual, quant_rows) |
 | `triton` | code Inductor generated: Triton kernels on GPUs, C++ kernels (`cpp_fused_*`) on the CPU |
 | `copy` | memcpy / memset / copy kernels |
 | `other` | everything else (elementwise ATen kernels, reductions outside Inductor, ...) |

@@ -1,4 +1,5 @@
-"""`omni_compile::rms_norm_rope`: RMSNorm of q or k, then interleaved rotary embedding, in one pass.
+"""`omni_compile::rms_norm_rope` and `omni_compile::layer_norm_rope`: the norm of q or k (RMSNorm, or LayerNorm
+per head), then the rotary embedding, in one pass.
 
     n   = rms_norm(x)  (per head over head_dim, or across heads over H*D), rounded to its dtype,
           optionally followed along the sequence by rms_norm(x_tail) with its own weight (FLUX's joint
@@ -19,6 +20,12 @@ computed in fp32 and rounded once to n's dtype. `cos` and `sin` are the model's 
 Shapes: `x` [B, S1, H, D], `x_tail` [B, S2, H, D] or None, tables [S1 + S2, D] (any strides),
 output [B, S1 + S2, H, D] contiguous. `weight` is [D] (per head) or [H * D] (`across_heads=True`),
 or None. The RMSNorm rounding follows `omni_compile::rms_norm` (`cast_before_weight`).
+
+`layer_norm_rope(x, weight, bias, cos, sin, eps, tables, start)` is the same with `torch.nn.functional.layer_norm`
+over head_dim (the QK-norm of CogView4 and HunyuanDiT), with or without the affine weight and bias ([D]): mean and
+variance in fp32, the affine applied in fp32, rounded once to x's dtype (torch's LayerNorm), then rotated as above,
+the tokens from `start` on only (CogView4 rotates the image tokens after the text): x [B, S, H, D], tables
+[S - start, D], row s - start for token s. One tensor, no tail, per head only.
 """
 
 from __future__ import annotations
@@ -53,6 +60,12 @@ def rms_norm_rope_native(
     n = _norm(x, weight, eps, cast_before_weight, across_heads)
     if x_tail is not None:
         n = torch.cat([n, _norm(x_tail, weight_tail, eps, cast_before_weight, across_heads)], dim=1)
+    return rotate(n, cos, sin, tables)
+
+
+def rotate(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: str) -> torch.Tensor:
+    """The rotary embedding of the normalised n [B, S, H, D] with [S, D] tables read as `tables` says, computed in
+    fp32 and rounded once to n's dtype."""
     c = cos.to(torch.float32)[None, :, None, :]
     s = sin.to(torch.float32)[None, :, None, :]
     if tables == "halves":  # pair i is (i, i + D/2)
@@ -114,5 +127,51 @@ RMS_NORM_ROPE = register_fused_op(
             "tables",
         ),
         native=rms_norm_rope_native,
+    )
+)
+
+
+def layer_norm_rope_native(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    tables: str,
+    start: int,
+) -> torch.Tensor:
+    n = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    if not start:
+        return rotate(n, cos, sin, tables)
+    return torch.cat([n[:, :start], rotate(n[:, start:], cos, sin, tables)], dim=1)
+
+
+@torch.library.custom_op("omni_compile::layer_norm_rope", mutates_args=())
+def layer_norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    tables: str,
+    start: int,
+) -> torch.Tensor:
+    """LayerNorm per head, then the rotary embedding of the tokens from `start` on; see the module docstring."""
+    return layer_norm_rope_native(x, weight, bias, cos, sin, eps, tables, start)
+
+
+@layer_norm_rope.register_fake
+def _layer_norm_rope_fake(x, weight, bias, cos, sin, eps, tables, start):
+    return x.new_empty(x.shape)
+
+
+LAYER_NORM_ROPE = register_fused_op(
+    FusedOp(
+        name="layer_norm_rope",
+        overload=torch.ops.omni_compile.layer_norm_rope.default,
+        arg_names=("x", "weight", "bias", "cos", "sin", "eps", "tables", "start"),
+        native=layer_norm_rope_native,
     )
 )

@@ -50,10 +50,61 @@ from omni_compile.ops.rms_norm_rope import TABLES
 
 
 @triton.jit
+def _param_halves(
+    p_ptr,
+    heads,
+    hmask,
+    D,
+    SP: tl.constexpr,
+    ACROSS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HALVES: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    """A norm's per-channel parameter (weight or bias), [D] shared by the heads or [H * D] across heads, as the
+    fp32 halves the normalised values are held in: (even, odd) elements, or with HALVES (first, second) halves."""
+    mask = hmask[:, None] & (tl.arange(0, BLOCK_HALF) < D // 2)[None, :]
+    if HALVES:
+        half = tl.arange(0, BLOCK_HALF)
+        if ACROSS:
+            ptrs = p_ptr + (heads[:, None] * D + half[None, :]) * SP
+            pe = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            po = tl.load(ptrs + (D // 2) * SP, mask=mask, other=0.0).to(tl.float32)
+        else:
+            ptrs = p_ptr + half * SP
+            pe = tl.load(ptrs, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+            po = tl.load(ptrs + (D // 2) * SP, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+    elif SPLIT:
+        cols = tl.arange(0, 2 * BLOCK_HALF)
+        if ACROSS:
+            p = tl.load(p_ptr + (heads[:, None] * D + cols[None, :]) * SP, mask=hmask[:, None] & (cols < D)[None, :],
+                        other=0.0)  # fmt: skip
+            pe, po = tl.split(tl.reshape(p.to(tl.float32), (BLOCK_H, BLOCK_HALF, 2)))
+        else:
+            p = tl.load(p_ptr + cols * SP, mask=cols < D, other=0.0)
+            pe, po = tl.split(tl.reshape(p.to(tl.float32), (BLOCK_HALF, 2)))
+            pe = pe[None, :]
+            po = po[None, :]
+    else:
+        half = tl.arange(0, BLOCK_HALF)
+        if ACROSS:
+            ptrs = p_ptr + (heads[:, None] * D + (2 * half)[None, :]) * SP
+            pe = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            po = tl.load(ptrs + SP, mask=mask, other=0.0).to(tl.float32)
+        else:
+            ptrs = p_ptr + (2 * half) * SP
+            pe = tl.load(ptrs, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+            po = tl.load(ptrs + SP, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+    return pe, po
+
+
+@triton.jit
 def _rope_normed(
     base,
     s_h,
     w_ptr,
+    b_ptr,
     heads,
     hmask,
     H,
@@ -61,8 +112,11 @@ def _rope_normed(
     eps,
     SD: tl.constexpr,
     SW: tl.constexpr,
+    SB: tl.constexpr,
     N_DTYPE: tl.constexpr,
     HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    LAYER: tl.constexpr,
     CAST_BEFORE_W: tl.constexpr,
     ACROSS: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -71,26 +125,28 @@ def _rope_normed(
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """RMSNorm of BLOCK_H heads of one token at `base`, rounded to N_DTYPE: the two fp32 halves of each pair,
-    (even, odd) elements, or with HALVES (first, second) halves of the head."""
+    """RMSNorm (or with LAYER, LayerNorm per head) of BLOCK_H heads of one token at `base`, rounded to N_DTYPE: the
+    two fp32 halves of each pair, (even, odd) elements, or with HALVES (first, second) halves of the head."""
     head_off = heads.to(tl.int64)[:, None] * s_h
+    half = tl.arange(0, BLOCK_HALF)
+    pmask = hmask[:, None] & (half < D // 2)[None, :]  # a pair's two elements are both in the head or both out
     if HALVES:
-        half = tl.arange(0, BLOCK_HALF)
-        mask = hmask[:, None] & (half < D // 2)[None, :]
         ptrs = base + (head_off + half[None, :] * SD)
-        xe = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        xo = tl.load(ptrs + (D // 2) * SD, mask=mask, other=0.0).to(tl.float32)
+        xe = tl.load(ptrs, mask=pmask, other=0.0).to(tl.float32)
+        xo = tl.load(ptrs + (D // 2) * SD, mask=pmask, other=0.0).to(tl.float32)
     elif SPLIT:
         cols = tl.arange(0, 2 * BLOCK_HALF)
         mask = hmask[:, None] & (cols < D)[None, :]
         x = tl.load(base + (head_off + cols[None, :] * SD), mask=mask, other=0.0).to(tl.float32)
         xe, xo = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_HALF, 2)))
     else:
-        half = tl.arange(0, BLOCK_HALF)
-        mask = hmask[:, None] & (half < D // 2)[None, :]
         ptrs = base + (head_off + (2 * half)[None, :] * SD)
-        xe = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        xo = tl.load(ptrs + SD, mask=mask, other=0.0).to(tl.float32)
+        xe = tl.load(ptrs, mask=pmask, other=0.0).to(tl.float32)
+        xo = tl.load(ptrs + SD, mask=pmask, other=0.0).to(tl.float32)
+    if LAYER:  # centred per head (the padding stays 0)
+        mean = (tl.sum(xe, axis=1) + tl.sum(xo, axis=1)) / D
+        xe = tl.where(pmask, xe - mean[:, None], 0.0)
+        xo = tl.where(pmask, xo - mean[:, None], 0.0)
     ss = tl.sum(xe * xe, axis=1) + tl.sum(xo * xo, axis=1)
     if ACROSS:
         rstd = tl.rsqrt(tl.sum(ss, axis=0) / (H * D) + eps)
@@ -101,42 +157,16 @@ def _rope_normed(
         ye = xe * rstd[:, None]
         yo = xo * rstd[:, None]
     if HAS_W:
-        # Weight [D] shared by the heads, or [H * D] across heads.
-        if HALVES:
-            half = tl.arange(0, BLOCK_HALF)
-            if ACROSS:
-                w_ptrs = w_ptr + (heads[:, None] * D + half[None, :]) * SW
-                we = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
-                wo = tl.load(w_ptrs + (D // 2) * SW, mask=mask, other=0.0).to(tl.float32)
-            else:
-                w_ptrs = w_ptr + half * SW
-                we = tl.load(w_ptrs, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
-                wo = tl.load(w_ptrs + (D // 2) * SW, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
-        elif SPLIT:
-            cols = tl.arange(0, 2 * BLOCK_HALF)
-            if ACROSS:
-                w = tl.load(w_ptr + (heads[:, None] * D + cols[None, :]) * SW, mask=mask, other=0.0)
-                we, wo = tl.split(tl.reshape(w.to(tl.float32), (BLOCK_H, BLOCK_HALF, 2)))
-            else:
-                w = tl.load(w_ptr + cols * SW, mask=cols < D, other=0.0)
-                we, wo = tl.split(tl.reshape(w.to(tl.float32), (BLOCK_HALF, 2)))
-                we = we[None, :]
-                wo = wo[None, :]
-        else:
-            half = tl.arange(0, BLOCK_HALF)
-            if ACROSS:
-                w_ptrs = w_ptr + (heads[:, None] * D + (2 * half)[None, :]) * SW
-                we = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
-                wo = tl.load(w_ptrs + SW, mask=mask, other=0.0).to(tl.float32)
-            else:
-                w_ptrs = w_ptr + (2 * half) * SW
-                we = tl.load(w_ptrs, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
-                wo = tl.load(w_ptrs + SW, mask=half < D // 2, other=0.0).to(tl.float32)[None, :]
+        we, wo = _param_halves(w_ptr, heads, hmask, D, SW, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF)
         if CAST_BEFORE_W:
             ye = round_to(ye, w_ptr.dtype.element_ty, EMULATE_RTNE)
             yo = round_to(yo, w_ptr.dtype.element_ty, EMULATE_RTNE)
         ye = ye * we
         yo = yo * wo
+    if HAS_B:
+        be, bo = _param_halves(b_ptr, heads, hmask, D, SB, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF)
+        ye = ye + be
+        yo = yo + bo
     return round_to(ye, N_DTYPE, EMULATE_RTNE), round_to(yo, N_DTYPE, EMULATE_RTNE)
 
 
@@ -144,6 +174,7 @@ def _rope_normed(
 def _normed_token(
     x_ptr,
     w_ptr,
+    b_ptr,
     xt_ptr,
     wt_ptr,
     b,
@@ -163,11 +194,14 @@ def _normed_token(
     SXD: tl.constexpr,
     SXTD: tl.constexpr,
     SW: tl.constexpr,
+    SB: tl.constexpr,
     SWT: tl.constexpr,
     N_DTYPE: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
     HAS_WT: tl.constexpr,
+    LAYER: tl.constexpr,
     CAST_BEFORE_W: tl.constexpr,
     ACROSS: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -176,22 +210,26 @@ def _normed_token(
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """The normalised halves of token (b, s)'s pairs: read from x below S1, else from x_tail at s - S1."""
+    """The normalised halves of token (b, s)'s pairs: read from x below S1, else from x_tail at s - S1 (a tail has
+    a weight and no bias: LAYER takes no tail)."""
     if HAS_TAIL:
         if s < S1:
             ne, no = _rope_normed(
-                x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
-                SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+                x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, b_ptr, heads, hmask, H, D, eps,
+                SXD, SW, SB, N_DTYPE, HAS_W, HAS_B, LAYER, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF,
+                EMULATE_RTNE,
             )  # fmt: skip
         else:
             ne, no = _rope_normed(
-                xt_ptr + (b * sxt_b + (s - S1).to(tl.int64) * sxt_s), sxt_h, wt_ptr, heads, hmask, H, D, eps,
-                SXTD, SWT, N_DTYPE, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+                xt_ptr + (b * sxt_b + (s - S1).to(tl.int64) * sxt_s), sxt_h, wt_ptr, b_ptr, heads, hmask, H, D, eps,
+                SXTD, SWT, SB, N_DTYPE, HAS_WT, False, LAYER, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H,
+                BLOCK_HALF, EMULATE_RTNE,
             )  # fmt: skip
     else:
         ne, no = _rope_normed(
-            x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, heads, hmask, H, D, eps,
-            SXD, SW, N_DTYPE, HAS_W, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            x_ptr + (b * sx_b + s.to(tl.int64) * sx_s), sx_h, w_ptr, b_ptr, heads, hmask, H, D, eps,
+            SXD, SW, SB, N_DTYPE, HAS_W, HAS_B, LAYER, CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF,
+            EMULATE_RTNE,
         )  # fmt: skip
     return ne, no
 
@@ -241,10 +279,12 @@ def _store_rotated(
 def _rms_norm_rope_kernel(
     x_ptr,
     w_ptr,
+    bx_ptr,
     xt_ptr,
     wt_ptr,
     y_ptr,
     wy_ptr,
+    by_ptr,
     yt_ptr,
     wyt_ptr,
     c_ptr,
@@ -253,6 +293,7 @@ def _rms_norm_rope_kernel(
     outy_ptr,
     S1,
     S_total,
+    START,
     H,
     D,
     sx_b,
@@ -273,10 +314,12 @@ def _rms_norm_rope_kernel(
     SXD: tl.constexpr,
     SXTD: tl.constexpr,
     SW: tl.constexpr,
+    SBX: tl.constexpr,
     SWT: tl.constexpr,
     SYD: tl.constexpr,
     SYTD: tl.constexpr,
     SWY: tl.constexpr,
+    SBY: tl.constexpr,
     SWYT: tl.constexpr,
     SCD: tl.constexpr,
     SSD: tl.constexpr,
@@ -284,10 +327,13 @@ def _rms_norm_rope_kernel(
     HALVES: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     HAS_W: tl.constexpr,
+    HAS_BX: tl.constexpr,
     HAS_WT: tl.constexpr,
     PAIR: tl.constexpr,
     HAS_WY: tl.constexpr,
+    HAS_BY: tl.constexpr,
     HAS_WYT: tl.constexpr,
+    LAYER: tl.constexpr,
     CAST_BEFORE_W: tl.constexpr,
     ACROSS: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -295,8 +341,8 @@ def _rms_norm_rope_kernel(
     BLOCK_HALF: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """One token, BLOCK_H heads a program: RMSNorm (rounded to n's dtype), then the interleaved rotation;
-    with PAIR, the same for y (its own weights, output `outy`) with the table columns read once."""
+    """One token, BLOCK_H heads a program: RMSNorm, or with LAYER LayerNorm (rounded to n's dtype), then the
+    rotation; with PAIR, the same for y (its own weights, output `outy`) with the table columns read once."""
     eps = tl.cast(eps, tl.float32)  # Inductor passes Python floats as fp64, which would make the norm fp64
     tok = tl.program_id(0)
     b = (tok // S_total).to(tl.int64)
@@ -304,9 +350,9 @@ def _rms_norm_rope_kernel(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     ne, no = _normed_token(
-        x_ptr, w_ptr, xt_ptr, wt_ptr, b, s, S1, sx_b, sx_s, sx_h, sxt_b, sxt_s, sxt_h, heads, hmask, H, D, eps,
-        SXD, SXTD, SW, SWT, out_ptr.dtype.element_ty, HAS_TAIL, HAS_W, HAS_WT, CAST_BEFORE_W, ACROSS, SPLIT,
-        HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+        x_ptr, w_ptr, bx_ptr, xt_ptr, wt_ptr, b, s, S1, sx_b, sx_s, sx_h, sxt_b, sxt_s, sxt_h, heads, hmask, H, D,
+        eps, SXD, SXTD, SW, SBX, SWT, out_ptr.dtype.element_ty, HAS_TAIL, HAS_W, HAS_BX, HAS_WT, LAYER,
+        CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
     )  # fmt: skip
     half = tl.arange(0, BLOCK_HALF)
     hm = half < D // 2
@@ -314,8 +360,12 @@ def _rms_norm_rope_kernel(
     # Row s of the [S, D] tables: per element (FLUX), each output element has its own cos/sin column;
     # per pair (Wan), both elements of pair i use cos[2i] and sin[2i + 1].
     # Rotate-half (HALVES): pair i is columns (i, i + D/2), each with its own column.
-    c_row = c_ptr + s64 * sc
-    s_row = s_ptr + s64 * ss
+    # Tokens before START are not rotated (their rows: cos 1 and sin 0, the normalised value exactly); token s from
+    # START on reads table row s - START.
+    rotated = s >= START
+    row = tl.where(rotated, s64 - START, 0)
+    c_row = c_ptr + row * sc
+    s_row = s_ptr + row * ss
     if HALVES:
         ce = tl.load(c_row + half * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
         co = tl.load(c_row + (half + D // 2) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
@@ -330,22 +380,29 @@ def _rms_norm_rope_kernel(
         else:
             co = tl.load(c_row + (2 * half + 1) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
             se = tl.load(s_row + (2 * half) * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
+    if START > 0:  # the unrotated tokens (their loads read row 0): cos 1, sin 0
+        ce = tl.where(rotated, ce, 1.0)
+        co = tl.where(rotated, co, 1.0)
+        se = tl.where(rotated, se, 0.0)
+        so = tl.where(rotated, so, 0.0)
     _store_rotated(
         out_ptr, tok, heads, hmask, H, D, ne, no, ce, co, se, so, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE
     )
     if PAIR:
         ye, yo = _normed_token(
-            y_ptr, wy_ptr, yt_ptr, wyt_ptr, b, s, S1, sy_b, sy_s, sy_h, syt_b, syt_s, syt_h, heads, hmask, H, D,
-            eps, SYD, SYTD, SWY, SWYT, outy_ptr.dtype.element_ty, HAS_TAIL, HAS_WY, HAS_WYT, CAST_BEFORE_W, ACROSS,
-            SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
+            y_ptr, wy_ptr, by_ptr, yt_ptr, wyt_ptr, b, s, S1, sy_b, sy_s, sy_h, syt_b, syt_s, syt_h, heads, hmask, H,
+            D, eps, SYD, SYTD, SWY, SBY, SWYT, outy_ptr.dtype.element_ty, HAS_TAIL, HAS_WY, HAS_BY, HAS_WYT, LAYER,
+            CAST_BEFORE_W, ACROSS, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE,
         )  # fmt: skip
         _store_rotated(
             outy_ptr, tok, heads, hmask, H, D, ye, yo, ce, co, se, so, SPLIT, HALVES, BLOCK_H, BLOCK_HALF, EMULATE_RTNE
         )
 
 
-def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables) -> str | None:
-    """None when the kernel handles these inputs (real or fake tensors), else the reason it does not."""
+def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables,
+             start: int = 0) -> str | None:  # fmt: skip
+    """None when the kernel handles these inputs (real or fake tensors), else the reason it does not (`start`: the
+    tables have rows for the tokens from it on)."""
     if tables not in TABLES:
         return f"tables={tables!r}; the kernel reads {', '.join(map(repr, TABLES))} tables"
     named = {"x": x, "weight": weight, "x_tail": x_tail, "weight_tail": weight_tail, "cos": cos, "sin": sin}
@@ -383,8 +440,8 @@ def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, 
         if w is not None and tuple(w.shape) != w_shape:
             return f"{name} has shape {tuple(w.shape)}, expected {w_shape}"
     for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) != (S, D):
-            return f"{name} has shape {tuple(t.shape)}, expected ({S}, {D})"
+        if tuple(t.shape) != (S - start, D):
+            return f"{name} has shape {tuple(t.shape)}, expected ({S - start}, {D})"
     return None
 
 
@@ -433,13 +490,15 @@ def _strides(t: torch.Tensor, given: object) -> tuple[int, ...]:
 
 def _launch(
     x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, across_heads, tables, out, config=None,
-    pair=None,
+    pair=None, layer=False, bias=None, bias_y=None, start=0,
 ):  # fmt: skip
     """Launch the kernel writing `out` (contiguous [B, S1 + S2, H, D] of n's dtype).
 
     `pair`: (y, weight_y, y_tail, weight_y_tail, out_y), a second call with the same tables and flags, in the
-    same launch (each program reads its token's table columns once for both). `config` (tests and benchmarks
-    only) overrides BLOCK_H, num_warps and SPLIT.
+    same launch (each program reads its token's table columns once for both). `layer`: LayerNorm per head instead
+    of RMSNorm, with `bias` (and `bias_y`, y's) added after the weight. `start`: the tokens before it are normalised
+    and not rotated, token s from it on reads table row s - start. `config` (tests and benchmarks only) overrides
+    BLOCK_H, num_warps and SPLIT.
     """
     B, S1, H, D = x.shape
     s_total = S1 + (x_tail.shape[1] if x_tail is not None else 0)
@@ -450,20 +509,24 @@ def _launch(
         split = config.get("SPLIT", split)
     xt = unused(x) if x_tail is None else x_tail
     w = unused(x) if weight is None else weight
+    bx = unused(x) if bias is None else bias
     wt = unused(x) if weight_tail is None else weight_tail
     # unpaired: spares stand for y's pointers, as for a missing weight (PAIR=False never reads or writes them)
     y, weight_y, y_tail, weight_y_tail, out_y = pair if pair is not None else (unused(x), None, None, None, unused(x))
     yt = unused(x) if y_tail is None else y_tail
     wy = unused(x) if weight_y is None else weight_y
+    by = unused(x) if bias_y is None else bias_y
     wyt = unused(x) if weight_y_tail is None else weight_y_tail
     sxt, sy, syt = _strides(xt, x_tail), _strides(y, pair), _strides(yt, y_tail)
     launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
         x,
         w,
+        bx,
         xt,
         wt,
         y,
         wy,
+        by,
         yt,
         wyt,
         cos,
@@ -472,6 +535,7 @@ def _launch(
         out_y,
         S1,
         s_total,
+        start,
         H,
         D,
         *x.stride()[:3],
@@ -484,10 +548,12 @@ def _launch(
         SXD=x.stride(3),
         SXTD=sxt[3],
         SW=1 if weight is None else weight.stride(0),
+        SBX=1 if bias is None else bias.stride(0),
         SWT=1 if weight_tail is None else weight_tail.stride(0),
         SYD=sy[3],
         SYTD=syt[3],
         SWY=1 if weight_y is None else weight_y.stride(0),
+        SBY=1 if bias_y is None else bias_y.stride(0),
         SWYT=1 if weight_y_tail is None else weight_y_tail.stride(0),
         SCD=cos.stride(1),
         SSD=sin.stride(1),
@@ -495,10 +561,13 @@ def _launch(
         HALVES=tables == "halves",
         HAS_TAIL=x_tail is not None,
         HAS_W=weight is not None,
+        HAS_BX=bias is not None,
         HAS_WT=weight_tail is not None,
         PAIR=pair is not None,
         HAS_WY=weight_y is not None,
+        HAS_BY=bias_y is not None,
         HAS_WYT=weight_y_tail is not None,
+        LAYER=bool(layer),
         CAST_BEFORE_W=bool(cast_before_weight),
         ACROSS=bool(across_heads),
         SPLIT=split,
@@ -572,5 +641,76 @@ KERNEL = register(
         ),
         auto_on=("cuda",),
         description="Triton kernel, embedded in Inductor's generated code",
+    )
+)
+
+
+def layer_supports(x, weight, bias, cos, sin, eps, tables, start) -> str | None:
+    """None when the kernel handles this `layer_norm_rope` call (real or fake tensors), else the reason."""
+    if x.dim() == 4 and not 0 <= start < x.shape[1]:
+        return f"start={start} is outside the {x.shape[1]} tokens"
+    reason = supports(x, weight, None, None, cos, sin, eps, False, False, tables, start=start)
+    if reason:
+        return reason
+    reason = first(dtype_reason("bias", bias), device_reason("bias", bias, x))
+    if reason:
+        return reason
+    if bias is not None and tuple(bias.shape) != (x.shape[-1],):
+        return f"bias has shape {tuple(bias.shape)}, expected ({x.shape[-1]},)"
+    return None
+
+
+def layer_supports_pair(x, weight, bias, y, weight_y, bias_y, cos, sin, eps, tables, start) -> str | None:
+    """None when one launch can serve both `layer_norm_rope` calls (x's and y's, the rest shared)."""
+    reason = first(layer_supports(x, weight, bias, cos, sin, eps, tables, start),
+                   layer_supports(y, weight_y, bias_y, cos, sin, eps, tables, start))  # fmt: skip
+    if reason:
+        return reason
+    return None if tuple(y.shape) == tuple(x.shape) else f"y has shape {tuple(y.shape)}, x {tuple(x.shape)}"
+
+
+def _layer_norm_rope_impl(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    tables: str,
+    start: int,
+) -> torch.Tensor:
+    """`omni_compile::layer_norm_rope` as one Triton kernel (the RMSNorm kernel's LAYER form)."""
+    out = x.new_empty(x.shape)
+    return _launch(x, weight, None, None, cos, sin, eps, False, False, tables, out, layer=True, bias=bias, start=start)
+
+
+def _layer_norm_rope_pair_impl(x, weight, bias, y, weight_y, bias_y, cos, sin, eps, tables, start):
+    """Two `omni_compile::layer_norm_rope` calls sharing their tables (q and k of one attention), in one launch."""
+    out, out_y = x.new_empty(x.shape), y.new_empty(y.shape)
+    return _launch(x, weight, None, None, cos, sin, eps, False, False, tables, out, pair=(y, weight_y, None, None, out_y),
+                   layer=True, bias=bias, bias_y=bias_y, start=start)  # fmt: skip
+
+
+layer_norm_rope_triton = torch.library.triton_op("omni_compile::layer_norm_rope_triton", mutates_args=())(
+    _layer_norm_rope_impl
+)
+
+
+LAYER_KERNEL = register(
+    Kernel(
+        op="layer_norm_rope",
+        name="triton",
+        platforms=PLATFORMS,
+        overload=torch.ops.omni_compile.layer_norm_rope_triton.default,
+        supports=layer_supports,
+        launcher=_layer_norm_rope_impl,
+        pair=PairedLaunch(
+            own=("x", "weight", "bias"),
+            second=("y", "weight_y", "bias_y"),
+            launcher=_layer_norm_rope_pair_impl,
+            supports=layer_supports_pair,
+        ),
+        auto_on=("cuda",),
+        description="Triton kernel (the rms_norm_rope kernel's LayerNorm form), embedded in Inductor's generated code",
     )
 )
