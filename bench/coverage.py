@@ -42,13 +42,12 @@ NOTES: dict[tuple[str, str], str] = {
     ("stable-audio", "adaln"): "no modulation (the conditioning is prepended to the sequence)",
 }
 # QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables (HunyuanVideo's too, on the whole
-# sequence or on the image prefix), Wan's per-pair tables, LTX-Video's interleaved [1, S, H * D] ones and the
-# complex [S, D/2] ones (Qwen-Image, Lumina2, Z-Image). In the models noted below the norm and the rotation are
-# compiled by Inductor as they are.
+# sequence or on the image prefix), Wan's per-pair tables, LTX-Video's interleaved [1, S, H * D] ones, the
+# complex [S, D/2] ones (Qwen-Image, Lumina2, Z-Image) and rotate-half ones; the norm an RMSNorm or a LayerNorm per
+# head (CogView4, HunyuanDiT). In the models noted below the norm and the rotation are compiled by Inductor as they
+# are.
 NOTES.update({
     ("mochi", "qk_norm_rope"): "norm and rotation compiled apart (its own interleaved form, x[..., 0::2] and stack)",
-    ("cogview4", "qk_norm_rope"): "its QK-norm is a LayerNorm (the kernel fuses an RMSNorm)",
-    ("hunyuan-dit", "qk_norm_rope"): "its QK-norm is a LayerNorm (the kernel fuses an RMSNorm)",
     ("hunyuan-dit", "adaln"): "shift-only modulation, norm(x) + shift (no scale)",
     ("mochi", "attention"): "the census counts none: MochiAttention is no diffusers Attention module (it calls SDPA)",
 })  # fmt: skip

@@ -250,6 +250,25 @@ class PatternPass(OmniPass):
             )(handler)
         )
 
+    def register_traced(self, search_fn: Callable, example_inputs: list[Any], handler: Callable,
+                        extra_check: Callable, scalar_workaround: dict[str, float] | None = None) -> None:
+        """The search function's pattern (ints, floats, dtypes and bools ignored, as with `recheck=False`) with a
+        handler of its own, `handler(match)`, which replaces the match (for replacements that depend on what the
+        check read: a layout, a slice's start)."""  # fmt: skip
+        from torch._inductor.pattern_matcher import gen_pattern, register_graph_pattern
+
+        for fn in (search_fn, handler, extra_check):
+            self._extra_sources.append(_source(fn))
+        self._extra_sources.append(repr([(getattr(t, "dtype", t), getattr(t, "shape", None)) for t in example_inputs]))
+
+        def trace() -> None:
+            pattern = gen_pattern(search_fn, _as_fake(example_inputs), _trace_like_post_grad, scalar_workaround)
+            register_graph_pattern(pattern, extra_check=extra_check, pass_dict=self.patterns)(
+                lambda match, *args, **kwargs: handler(match)
+            )
+
+        self._pending.append(trace)
+
     def materialize(self) -> None:
         """Trace and register the patterns recorded so far, in registration order (once).
 

@@ -37,7 +37,7 @@ from omni_compile.passes.complex_mul import real_product_of_pairs
 from omni_compile.passes.rms_norm import RMSNormPass
 from torch._inductor.pattern_matcher import CallFunction, Ignored, KeywordArg, Match
 
-from omni_compile.ops import rms_norm_rope as _ops  # noqa: F401  (registers omni_compile::rms_norm_rope)
+from omni_compile.ops import rms_norm_rope as _ops  # noqa: F401  (registers omni_compile::rms_norm_rope, layer_norm_rope)
 
 aten = torch.ops.aten
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -322,6 +322,172 @@ def _prefix_check(traced: torch.dtype):
     return check
 
 
+# ---------------------------------------------------------------- LayerNorm QK-norm (CogView4, HunyuanDiT)
+# `F.layer_norm` over head_dim is var_mean, rsqrt and the affine in post-grad graphs; these forms start from that
+# chain. Registered without torch's literal re-check (the tables' unsqueeze dims, the suffix's start and the reshape
+# sizes are literals each model writes its own way): `_layer_analysis` reads every literal that matters.
+AFFINES = ("weight_bias", "weight", "none")
+
+
+def _layer_chain(x, weight, bias, cos, sin, eps, tables: str, suffix: bool):
+    n = torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    unbind_dim = -2 if tables == "halves" else -1
+    if not suffix:  # heads-first [B, H, S, D]; sequence-second traces to the same chain but for unsqueeze dims
+        return apply_rotary_emb(n, (cos, sin), use_real=True, use_real_unbind_dim=unbind_dim)
+    # CogView4: `q[:, :, t:] = apply_rotary_emb(q[:, :, t:], ...)` on the normalised q, functionalised (t = 2 here)
+    rotated = apply_rotary_emb(n[:, :, 2:], (cos, sin), use_real=True, use_real_unbind_dim=unbind_dim)
+    return aten.slice_scatter.default(n, aten.copy.default(n[:, :, 2:], rotated), 2, 2, MAX)
+
+
+def layer_search(affine: str, tables: str, suffix: bool):
+    """The search function of LayerNorm per head ("weight_bias", "weight" or "none" affine) then RoPE on the whole
+    sequence or (`suffix`) on the tokens from some t on, as the model writes it in place."""
+    if affine == "weight_bias":
+        def search(x, weight, bias, cos, sin, eps):
+            return _layer_chain(x, weight, bias, cos, sin, eps, tables, suffix)
+    elif affine == "weight":
+        def search(x, weight, cos, sin, eps):
+            return _layer_chain(x, weight, None, cos, sin, eps, tables, suffix)
+    else:
+        def search(x, cos, sin, eps):
+            return _layer_chain(x, None, None, cos, sin, eps, tables, suffix)
+    return search
+
+
+def layer_fused(x, weight, bias, cos, sin, eps, tables: str, seq: int, start: int):
+    """One `omni_compile::layer_norm_rope` on [B, S, H, D] (heads-first q, `seq` 2, is a transposed view of it), the
+    tokens from `start` on rotated. The tables are the model's own: q and k share them, and one launch serves both."""
+    if seq == 2:
+        x = x.transpose(1, 2)
+    out = torch.ops.omni_compile.layer_norm_rope(x, weight, bias, cos, sin, eps, tables, start)
+    return out.transpose(1, 2) if seq == 2 else out
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _from(node, target):
+    """`node`, or what it views (through unsqueezes), if that is a call of `target`."""
+    while isinstance(node, torch.fx.Node) and node.target == aten.unsqueeze.default and node.meta["val"].shape[-1] == 1:
+        node = node.args[0]
+    return node if isinstance(node, torch.fx.Node) and node.target == target else None
+
+
+def _layer_analysis(match: Match, traced: torch.dtype, tables: str, suffix: bool) -> tuple[int, int] | None:
+    """(sequence dim of x, first rotated token) when the match means LayerNorm over head_dim, then the rotary
+    embedding `tables` names on the tokens from there on; None otherwise."""
+    x, cos, sin = (match.kwargs.get(k) for k in ("x", "cos", "sin"))
+    if not all(isinstance(v, torch.fx.Node) for v in (x, cos, sin)) or not isinstance(match.kwargs.get("eps"), float):
+        return None
+    xv = x.meta["val"]
+    if xv.dtype not in DTYPES or (xv.dtype == torch.float32) != (traced == torch.float32) or xv.dim() != 4:
+        return None
+    d = xv.shape[-1]
+    if d % 2:
+        return None
+    for name in ("weight", "bias"):
+        p = match.kwargs.get(name)
+        if p is not None and (not isinstance(p, torch.fx.Node) or tuple(p.meta["val"].shape) != (d,)):
+            return None
+    rows = cos.meta["val"].shape[0]
+    for t in (cos, sin):
+        tv = t.meta["val"]
+        if tv.dtype not in (torch.float32, xv.dtype) or tuple(tv.shape) != (rows, d):
+            return None
+    # the layout: where the tables broadcast (a sequence of H tokens must not be taken for H heads)
+    shapes = {_broadcast_table(match, t) for t in (cos, sin)}
+    seq = {(1, 1, rows, d): 2, (1, rows, 1, d): 1}.get(shapes.pop()) if len(shapes) == 1 else None
+    if seq is None:
+        return None
+    start = 0
+    nodes = set(match.nodes)
+    for node in match.nodes:
+        val = node.meta.get("val")
+        if node.target == aten.var_mean.correction:  # over the last dim, the biased variance
+            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            if list(dims or ()) not in ([3], [-1]) or node.kwargs.get("correction", 1) != 0:
+                return None
+        elif node.target == aten.reshape.default and val.dim() == 5:  # the head split into pairs or halves
+            if tuple(val.shape[-2:]) != ((2, d // 2) if tables == "halves" else (d // 2, 2)):
+                return None
+        elif node.target == aten.unbind.int:
+            if _dim(node.args[1], 5) != (3 if tables == "halves" else 4):
+                return None
+        elif node.target == aten.cat.default:  # the rotated copy: cat([-second, first]) along the last dim
+            parts, dim = node.args[0], node.args[1] if len(node.args) > 1 else 0
+            neg = _from(parts[0], aten.neg.default)
+            second, first = (neg.args[0] if neg is not None else None), _from(parts[1], operator.getitem)
+            if _dim(dim, val.dim()) != val.dim() - 1 or len(parts) != 2 or first is None or first.args[1] != 0:
+                return None
+            if not isinstance(second, torch.fx.Node) or second.target != operator.getitem or second.args[1] != 1:
+                return None
+        elif node.target in (aten.slice.Tensor, aten.slice_scatter.default):
+            args = list(node.args) + [None] * 6
+            dim, lo, hi, step = args[1:5] if node.target == aten.slice.Tensor else args[2:6]
+            if _dim(dim, 4) != seq or step not in (None, 1) or (hi is not None and hi < xv.shape[seq]):
+                return None
+            if not isinstance(lo, int) or lo <= 0 or (start and lo != start):
+                return None
+            start = lo
+        if node is not match.output_node() and any(u not in nodes for u in node.users):
+            return None  # an intermediate value read outside the chain
+    if suffix != bool(start) or start + rows != xv.shape[seq]:
+        return None
+    return seq, start
+
+
+def _layer_check(traced: torch.dtype, tables: str, suffix: bool):
+    def check(match: Match) -> bool:
+        return _layer_analysis(match, traced, tables, suffix) is not None
+
+    return check
+
+
+def _layer_handler(traced: torch.dtype, tables: str, suffix: bool):
+    def handler(match: Match) -> None:
+        seq, start = _layer_analysis(match, traced, tables, suffix)
+        names = [n for n in ("x", "weight", "bias", "cos", "sin") if match.kwargs.get(n) is not None]
+        eps = match.kwargs["eps"]
+
+        def replacement(*values):
+            v = dict(zip(names, values))
+            return layer_fused(v["x"], v.get("weight"), v.get("bias"), v["cos"], v["sin"], eps, tables, seq, start)
+
+        match.replace_by_example(replacement, [match.kwargs[n] for n in names])
+
+    return handler
+
+
+class LayerNormRopePatterns(PatternPass):
+    """The LayerNorm forms, apart: traced (about 24 patterns) only for a graph that has a LayerNorm over a 4-d q/k."""
+
+    name = "qk_norm_rope.layer"
+
+    def register_patterns(self) -> None:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.empty(1, 2, 6, 8, dtype=dtype)  # [B, H, S, D], the suffix from token 2
+            p = torch.empty(8, dtype=dtype)
+            for suffix in (False, True):
+                t = torch.empty(4 if suffix else 6, 8)
+                for tables in ("per_element", "halves"):
+                    for affine in AFFINES:
+                        params = {"weight_bias": [p, p.clone()], "weight": [p], "none": []}[affine]
+                        self.register_traced(
+                            layer_search(affine, tables, suffix), [x, *params, t, t.clone(), 1e-6],
+                            _layer_handler(dtype, tables, suffix), _layer_check(dtype, tables, suffix), {"eps": 1e-6},
+                        )  # fmt: skip
+
+    @staticmethod
+    def occurs_in(graph: torch.fx.Graph) -> bool:
+        """Whether `graph` has a LayerNorm over the last dim of a 4-d tensor (a per-head QK-norm)."""
+        return any(
+            n.target == aten.var_mean.correction and n.args[0].meta.get("val") is not None
+            and n.args[0].meta["val"].dim() == 4
+            for n in graph.nodes
+        )  # fmt: skip
+
+
 class QKNormRopePass(PatternPass):
     """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan, interleaved over all heads as
     LTX-Video writes it) into `omni_compile::rms_norm_rope`."""
@@ -367,6 +533,8 @@ class QKNormRopePass(PatternPass):
                 self.register(*prefix_form(cbw), [torch.empty(1, 6, 2, 8, dtype=dtype), w, t, t.clone(), 1e-6],
                               _prefix_check(dtype), sw, recheck=False)  # fmt: skip
         self._register_wan()
+        self._layer = shared_pass(LayerNormRopePatterns, "{}")  # traced where a graph has a per-head LayerNorm
+        self._extra_sources.append(self._layer.uuid())
 
     def _register_wan(self) -> None:
         # Wan's rotary embedding writes the even and odd halves into an empty tensor; after
@@ -405,6 +573,10 @@ class QKNormRopePass(PatternPass):
         # another chain than the model's (new nodes, no source lines): so where this pass would make norms,
         # it first tries on a copy of the graph and leaves the graph as it was when nothing fuses (a pass
         # with 0 matches changes nothing).
+        layer = self._layer.apply(graph) if LayerNormRopePatterns.occurs_in(graph) else 0
+        return layer + self._apply_rms(graph)
+
+    def _apply_rms(self, graph: torch.fx.Graph) -> int:
         rms_norm = torch.ops.omni_compile.rms_norm.default
         trial = _copy(graph)
         before = sum(n.target == rms_norm for n in trial.graph.nodes)

@@ -327,3 +327,134 @@ def test_rotate_half_near_misses_are_left_alone(case):
         return n * cos[None, None] + rotated * sin[None, None]
 
     assert_left_alone(fn, x, cos, sin)
+
+
+# ---------------------------------------------------------------- LayerNorm QK-norm (CogView4, HunyuanDiT)
+LAYER_ROPE = torch.ops.omni_compile.layer_norm_rope.default
+
+
+def make_layer_norm(affine, d, dtype):
+    norm = torch.nn.LayerNorm(d, eps=1e-5, elementwise_affine=affine != "none", bias=affine == "weight_bias")
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.copy_(torch.randn(d) * 0.5 + (1 if p is norm.weight else 0))
+    return norm.to(dtype)
+
+
+def rope_of(tables, x, cos, sin, seq):
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    return apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-2 if tables == "halves" else -1,
+                            sequence_dim=seq)  # fmt: skip
+
+
+def layer_chain(norm, tables, seq, start):
+    """q normalised per head, then rotated from token `start` on: as HunyuanDiT writes it (start 0, a new tensor)
+    and as CogView4 does (the image tokens after the text, written into the normalised q in place)."""
+
+    def fn(x, cos, sin):
+        n = norm(x)
+        if not start:
+            return rope_of(tables, n, cos, sin, seq)
+        part = n[:, :, start:] if seq == 2 else n[:, start:]
+        rotated = rope_of(tables, part, cos, sin, seq)
+        if seq == 2:
+            n[:, :, start:] = rotated
+        else:
+            n[:, start:] = rotated
+        return n
+
+    return fn
+
+
+LAYER_FORMS = [  # (affine, tables, layout, start)
+    ("weight_bias", "per_element", "heads-first", 0),  # HunyuanDiT
+    ("none", "halves", "heads-first", 3),  # CogView4
+    ("weight", "per_element", "sequence-second", 3),
+    ("weight_bias", "halves", "sequence-second", 0),
+    ("none", "per_element", "heads-first", 0),
+    ("weight_bias", "halves", "heads-first", 3),
+]
+
+
+@pytest.mark.parametrize("kernel", ["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine,tables,layout,start", LAYER_FORMS, ids=["-".join(map(str, f)) for f in LAYER_FORMS])
+def test_per_head_layer_norm_then_rope(affine, tables, layout, start, dtype, kernel):
+    """A LayerNorm QK-norm (with weight and bias, weight only or none) then RoPE (per-element or rotate-half tables,
+    heads-first or sequence-second q, on every token or from a token on, written in place): one
+    `omni_compile::layer_norm_rope`, against eager and float64, through the Triton kernel too. 5 heads against 7
+    tokens: the layouts cannot be confused."""
+    if kernel == "triton":
+        require_triton_interpreter()
+    b, s, h, d = 2, 7, 5, 12
+    seq = 2 if layout == "heads-first" else 1
+    norm = make_layer_norm(affine, d, dtype)
+    x = (torch.randn(b, h, s, d) if seq == 2 else torch.randn(b, s, h, d)) * 3 + 1
+    x = x.to(dtype)
+    g = torch.Generator().manual_seed(1)
+    angle = torch.rand(s - start, d, generator=g) * 6.28  # a column of its own per element: a misread column shows
+    cos, sin = angle.cos(), angle.sin()
+    fn = layer_chain(norm, tables, seq, start)
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, cos, sin)
+        eager = fn(x.clone(), cos, sin)
+        log = run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))
+        assert fired(log) == {"qk_norm_rope": 1}, fired(log)
+        (op,) = [n for n in gm.graph.nodes if n.target == LAYER_ROPE]
+        assert op.args[6:] == (tables, start) and not {"aten.var_mean.correction", "aten.cat.default"} & targets(gm)
+        if kernel == "triton":
+            log = run_passes(gm, CompileConfig(passes=["none", "+lower_fused_ops"], kernels={"layer_norm_rope": "triton"}))
+            assert log.resolutions["layer_norm_rope"]["implementation"].startswith("triton")
+        fused = gm(x.clone(), cos, sin)
+        ref_norm = torch.nn.LayerNorm(d, eps=1e-5, elementwise_affine=affine != "none", bias=affine == "weight_bias")
+        ref_norm = ref_norm.double()
+        ref_norm.load_state_dict({k: v.double() for k, v in norm.state_dict().items()})
+        ref = layer_chain(ref_norm, tables, seq, start)(x.double(), cos.double(), sin.double())
+    assert fused.dtype == eager.dtype and fused.shape == eager.shape
+    if dtype == torch.float32:
+        assert rel_l2(fused, eager) < 1e-6 and rel_l2(fused, ref) < 1e-5
+    else:
+        assert rel_l2(fused, eager) < 4e-3 and rel_l2(fused, ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["control", "unbiased-variance", "norm-over-heads", "norm-used-elsewhere",
+                                  "suffix-elsewhere", "rotated-slice-not-written-back"])  # fmt: skip
+def test_layer_norm_near_misses_are_left_alone(case):
+    """What looks like a LayerNorm QK-norm and RoPE but is not, exactly: the variance with Bessel's correction, the
+    statistics over another dim, the normalised q read elsewhere too, the rotated tokens written to other positions
+    than the ones rotated, the rotated part returned without the unrotated one. The control, the same code written
+    right, fuses."""
+    b, h, s, d, start = 1, 3, 6, 8, 2
+    x = torch.randn(b, h, s, d) + 1
+    angle = torch.rand(s - start, d) * 6.28
+    cos, sin = angle.cos(), angle.sin()
+
+    def ln(x, dim=-1, correction=0):
+        var, mean = torch.var_mean(x, dim, correction=correction, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + 1e-5)
+
+    def fn(x, cos, sin):
+        if case == "unbiased-variance":
+            n = ln(x, correction=1)
+        elif case == "norm-over-heads":
+            n = ln(x, dim=1)
+        else:
+            n = ln(x)
+        if case == "rotated-slice-not-written-back":
+            return rope_of("halves", n[:, :, start:], cos, sin, 2)
+        rotated = rope_of("halves", n[:, :, start:], cos, sin, 2)
+        out = n.clone() if case == "norm-used-elsewhere" else n
+        if case == "suffix-elsewhere":
+            out[:, :, : s - start] = rotated
+        else:
+            out[:, :, start:] = rotated
+        return out + n if case == "norm-used-elsewhere" else out
+
+    if case != "control":
+        return assert_left_alone(fn, x, cos, sin)
+    with torch.no_grad():
+        gm = AtenGraph(fn, x, cos, sin)
+        eager = fn(x, cos, sin)
+        assert fired(run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))) == {"qk_norm_rope": 1}
+        assert rel_l2(gm(x, cos, sin), eager) < 1e-6
