@@ -52,6 +52,9 @@ HUNYUAN_VIDEO_13B = dict(in_channels=16, out_channels=16, num_attention_heads=24
                          num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1,
                          qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768,
                          rope_theta=256.0, rope_axes_dim=(16, 56, 56))  # HunyuanVideo (13B)  # fmt: skip
+COGVIEW4_6B = dict(patch_size=2, in_channels=16, out_channels=16, num_layers=28, attention_head_dim=128,
+                   num_attention_heads=32, text_embed_dim=4096, time_embed_dim=512, condition_dim=256,
+                   pos_embed_max_size=128, sample_size=128, rope_axes_dim=(256, 256))  # CogView4 (6B)  # fmt: skip
 # (Random weights are made in fp32 on the device, then cast: a 20B model such as Qwen-Image needs 80 GB for that.)
 WORKLOADS = {
     # id: (preset or module:Class, shape, dtype, device[, {"config", "inputs", "text_len"}])
@@ -66,6 +69,9 @@ WORKLOADS = {
     # HunyuanVideo 848x480, 33 frames: 9 x 30 x 53 = 14,310 video tokens, 256 text tokens (masked)
     "W5-hunyuan": ("diffusers:HunyuanVideoTransformer3DModel", "480x848x33", "bf16", "cuda",
                    {"config": HUNYUAN_VIDEO_13B, "inputs": "dit_zoo:hunyuan_video_inputs", "text_len": 256}),
+    # CogView4 1024²: 64 x 64 = 4,096 image tokens after 224 text tokens, no mask (stock-fa3 runs); LayerNorm QK-norm
+    "W5-cogview4": ("diffusers:CogView4Transformer2DModel", "1024x1024", "bf16", "cuda",
+                    {"config": COGVIEW4_6B, "inputs": "dit_zoo:cogview4_inputs", "text_len": 224}),
     # the tiny configs of the same classes, to try the workloads on a CPU
     "W5-ltx-tiny": ("diffusers:LTXVideoTransformer3DModel", "64x64x9", "fp32", "cpu",
                     {"config": {}, "inputs": "generic_model:ltx_inputs", "tiny": "ltx-video"}),

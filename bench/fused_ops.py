@@ -117,6 +117,7 @@ class Case:
     # rms_norm_rope: the q-like inputs among eager_args and ours_args; a k of their shapes makes the second
     # call of the pair (Inductor's code for both, our two launches, our paired launch)
     pair: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    op: str = "rms_norm_rope"  # the fused op whose paired launch `pair` times
 
 
 def flux_tables(S: int, hd: int, device):
@@ -233,7 +234,44 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     cases.append(Case("Qwen-Image rms_norm_rope complex", qwen, (x, freqs), ops.rms_norm_rope_triton,
                       (x, norm_q.weight, None, None, table, table, EPS, False, False, "per_pair"),
                       rope_k._launch, _rope_configs(H1, hd, False), pair=((0,), (0,))))  # fmt: skip
+
+    # layer_norm_rope, CogView4 1024² (32 x 128; 4,096 image tokens after 224 text tokens): q [B, S, H, D] viewed
+    # heads-first, LayerNorm without affine, rotate-half RoPE written into the image part in place; the op rotates
+    # the tokens from 224 on
+    H6, hd6, T6, S6 = (4, 16, 3, 12) if quick else (32, 128, 224, 4096)
+    ln6 = torch.nn.LayerNorm(hd6, eps=1e-5, elementwise_affine=False)
+    ang = torch.rand(S6, hd6 // 2, device=dev) * 100
+    cos6, sin6 = ang.cos().repeat(1, 2), ang.sin().repeat(1, 2)
+
+    def cogview4(x, c, s):
+        q = ln6(x.transpose(1, 2))
+        q[:, :, T6:] = apply_rotary_emb(q[:, :, T6:], (c, s), use_real_unbind_dim=-2)
+        return q.transpose(1, 2)  # [B, S, H, D], as the op writes it
+
+    x = randn(1, T6 + S6, H6, hd6)
+    cases.append(Case("CogView4 layer_norm_rope halves suffix", cogview4, (x, cos6, sin6), ops.layer_norm_rope_triton,
+                      (x, None, None, cos6, sin6, 1e-5, "halves", T6),
+                      _layer_launch, _rope_configs(H6, hd6, False), pair=((0,), (0,)), op="layer_norm_rope"))  # fmt: skip
+
+    # HunyuanDiT 1024² (16 x 88, 4,096 tokens): LayerNorm with weight and bias per head, FLUX-style per-element tables
+    H7, hd7, S7 = (2, 8, 12) if quick else (16, 88, 4096)
+    ln7 = torch.nn.LayerNorm(hd7, eps=1e-6).to(device=dev, dtype=BF16)
+    with torch.no_grad():
+        ln7.weight.copy_(1 + 0.1 * torch.randn(hd7, device=dev))
+        ln7.bias.copy_(0.1 * torch.randn(hd7, device=dev))
+    cos7, sin7 = flux_tables(S7, hd7, dev)
+    x = randn(1, S7, H7, hd7)
+    cases.append(Case("HunyuanDiT layer_norm_rope per-element",
+                      lambda x, c, s: apply_rotary_emb(ln7(x.transpose(1, 2)), (c, s)).transpose(1, 2), (x, cos7, sin7),
+                      ops.layer_norm_rope_triton, (x, ln7.weight, ln7.bias, cos7, sin7, 1e-6, "per_element", 0),
+                      _layer_launch, _rope_configs(H7, hd7, False), pair=((0,), (0,)), op="layer_norm_rope"))  # fmt: skip
     return cases
+
+
+def _layer_launch(x, weight, bias, cos, sin, eps, tables, start, out, config=None):
+    """`layer_norm_rope`'s launch with a tiling `config` (the sweep): the rms_norm_rope kernel's LayerNorm form."""
+    return rope_k._launch(x, weight, None, None, cos, sin, eps, False, False, tables, out, config=config, layer=True,
+                          bias=bias, start=start)  # fmt: skip
 
 
 def _row_configs(d: int) -> list[dict]:
@@ -380,8 +418,8 @@ def _pair_rows(case: Case, device: str, reps: int | None, ref: torch.Tensor, nby
     ours_k = tuple(ours_k)
     both = torch.compile(lambda a, b: (case.eager(*a), case.eager(*b)), fullgraph=True, dynamic=False)
     ref_k = case.eager(*eager_k)
-    kernel = FUSED_OPS["rms_norm_rope"].kernels["triton"]
-    names = FUSED_OPS["rms_norm_rope"].arg_names
+    kernel = FUSED_OPS[case.op].kernels["triton"]
+    names = FUSED_OPS[case.op].arg_names
     paired = dict(zip(names, case.ours_args))
     paired.update({s: v for s, v in zip(kernel.pair.second, ours_k)})
     impls = {

@@ -98,3 +98,27 @@ def test_paired_rope_launch_matches_separate_launches(preset, shape, fresh_dynam
         assert float((outs[pair] - ref).norm() / ref.norm()) < 1e-2, pair
     assert all(n == 2 for n in paired[True]) and not any(paired[False]), paired
     assert float((outs[True] - outs[False]).norm() / outs[False].norm()) < 1e-3
+
+
+@pytest.mark.parametrize("name,rotated", [("cogview4", 2), ("hunyuan-dit", 3)])
+def test_layer_norm_qk_norm_and_rope_on_cuda(name, rotated, fresh_dynamo, no_inductor_cache):
+    """A LayerNorm QK-norm and its RoPE (CogView4: no affine, rotate-half on the image tokens; HunyuanDiT: weight and
+    bias, per-element tables, q and k of self-attention, q of cross-attention) as `layer_norm_rope` launches of the
+    Triton kernel (q and k paired), on the tiny models in bf16, at the eager model's level."""
+    from dit_zoo import ZOO
+
+    ref_s, config, inputs_ref, shape = ZOO[name]
+    spec = resolve_model(ref_s, example_inputs=inputs_ref, model_config=config)
+    model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse(shape), dtype=torch.bfloat16, device="cuda",
+                                         text_len=spec.text_len, seed=1)  # fmt: skip
+    with torch.no_grad():
+        ref = model(**inputs)[0].double()
+        omni_compile.compile(model)
+        out = model(**inputs)[0].double()
+    records = omni_compile.compile_state(model).records
+    assert [r.passes["qk_norm_rope"] for r in records] == [rotated] * len(records)
+    for r in records:
+        res = r.resolutions["layer_norm_rope"]
+        assert res["implementation"] == "triton (embedded)" and res.get("paired") == 2, (r.region, res)
+    assert float((out - ref).norm() / ref.norm()) < 1e-2
