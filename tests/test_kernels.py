@@ -270,6 +270,10 @@ def _rope_mag(args):
 
 
 def _rotation_mag(n, cos, sin, tables):
+    if tables == "per_head":
+        c, s = cos.abs()[None], sin.abs()[None]
+        ne, no = n[..., 0::2].abs(), n[..., 1::2].abs()
+        return torch.stack([ne * c + no * s, no * c + ne * s], dim=-1).flatten(-2)
     c, s = cos.abs()[None, :, None, :], sin.abs()[None, :, None, :]
     if tables == "halves":
         d = n.shape[-1] // 2
@@ -367,6 +371,33 @@ def test_rms_norm_rope_pair_equals_two_launches(style, across, tail, H, D, cbw):
     single_y = check(rope_k._launch, rms_norm_rope_native, args_y, _rope_mag(args_y))
     out_x, out_y = rope_k._rms_norm_rope_pair_impl(*args_x[:4], *args_y[:4], *shared)
     assert torch.equal(out_x, single_x) and torch.equal(out_y, single_y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
+@pytest.mark.parametrize("split", [True, False], ids=["split", "stride2"])
+def test_rms_norm_rope_per_head_tables(dtype, split):
+    """Mochi's tables, one per head ([S, H, D/2], a strided view): pair i of head h reads cos[s, h, i] and
+    sin[s, h, i]; against float64 and native, the triton_op bit for bit the launch, and q and k in one launch."""
+    g = _gen(14)
+    B, S, H, D = 2, 5, 3, 24
+    x = randn(B, S, 2 * H * D, dtype=dtype, g=g, scale=2)[..., : H * D].unflatten(-1, (H, D))
+    w = randn(D, dtype=dtype, g=g, offset=1)
+    ang = randn(S, 2 * H, D // 2, g=g, scale=3)[:, ::2]  # [S, H, D/2] with a head stride of 2 rows
+    cos, sin = ang.cos(), ang.sin()
+    args = (x, w, None, None, cos, sin, EPS, False, False, "per_head")
+    assert rope_k.supports(*args) is None
+
+    def launch(*a):
+        return rope_k._launch(*a[:-1], a[-1], config={"SPLIT": split})
+
+    out = check(launch, rms_norm_rope_native, args, _rope_mag(args), eager=ops.rms_norm_rope_triton if split else None)
+    y = randn(B, S, H, D, dtype=dtype, g=g)
+    single_y = check(rope_k._launch, rms_norm_rope_native, (y, None, *args[2:]), _rope_mag((y, None, *args[2:])))
+    out_x, out_y = rope_k._rms_norm_rope_pair_impl(x, w, None, None, y, None, None, None, *args[4:])
+    assert torch.equal(out_x, out) and torch.equal(out_y, single_y)
+    assert rope_k.supports(x, w, None, None, cos[:, :2], sin[:, :2], *args[6:]) == (
+        f"cos has shape (5, 2, {D // 2}), expected (5, 3, {D // 2})"
+    )
 
 
 def _layer_rope_mag(args):

@@ -15,7 +15,9 @@ computed in fp32 and rounded once to n's dtype. `cos` and `sin` are the model's 
 - "per_pair" (Wan's rotary embedding): both elements of pair i use cos[:, 2i] and sin[:, 2i+1];
 - "halves" (rotate-half RoPE, `apply_rotary_emb(use_real_unbind_dim=-2)`: Cosmos, CogView4, OmniGen): pair i
   is elements (i, i + D/2) instead of (2i, 2i + 1), each with its own column: out[..., i] = n[i] * cos[:, i] -
-  n[i + D/2] * sin[:, i], out[..., i + D/2] = n[i + D/2] * cos[:, i + D/2] + n[i] * sin[:, i + D/2].
+  n[i + D/2] * sin[:, i], out[..., i + D/2] = n[i + D/2] * cos[:, i + D/2] + n[i] * sin[:, i + D/2];
+- "per_head" (Mochi: a table per head, [S, H, D/2]): both elements of pair i of head h use cos[s, h, i] and
+  sin[s, h, i].
 
 Shapes: `x` [B, S1, H, D], `x_tail` [B, S2, H, D] or None, tables [S1 + S2, D] (any strides),
 output [B, S1 + S2, H, D] contiguous. `weight` is [D] (per head) or [H * D] (`across_heads=True`),
@@ -35,7 +37,7 @@ import torch
 from omni_compile.ops.registry import FusedOp, register_fused_op
 from omni_compile.ops.rms_norm import rms_norm_native, rms_norm_out_dtype
 
-TABLES = ("per_element", "per_pair", "halves")
+TABLES = ("per_element", "per_pair", "halves", "per_head")
 
 
 def _norm(x, weight, eps, cast_before_weight, across_heads):
@@ -64,8 +66,12 @@ def rms_norm_rope_native(
 
 
 def rotate(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: str) -> torch.Tensor:
-    """The rotary embedding of the normalised n [B, S, H, D] with [S, D] tables read as `tables` says, computed in
-    fp32 and rounded once to n's dtype."""
+    """The rotary embedding of the normalised n [B, S, H, D] with [S, D] tables ([S, H, D/2] per head) read as
+    `tables` says, computed in fp32 and rounded once to n's dtype."""
+    if tables == "per_head":  # pair i of head h: cos[s, h, i], sin[s, h, i]
+        c, s = cos.to(torch.float32)[None], sin.to(torch.float32)[None]
+        ne, no = n[..., 0::2].to(torch.float32), n[..., 1::2].to(torch.float32)
+        return torch.stack([ne * c - no * s, no * c + ne * s], dim=-1).flatten(-2).to(n.dtype)
     c = cos.to(torch.float32)[None, :, None, :]
     s = sin.to(torch.float32)[None, :, None, :]
     if tables == "halves":  # pair i is (i, i + D/2)

@@ -13,7 +13,8 @@ own strides and dtypes (per element: columns 2i and 2i + 1 of each; per pair: co
 column 2i + 1 for both elements of a pair) and broadcast over the heads. The op takes the whole
 tables, never strided views of them, so no input is passed twice and none needs a storage offset.
 With `tables="halves"` (rotate-half RoPE) a pair is elements (i, i + D/2) of a head: the halves are loaded
-and stored as two contiguous [BLOCK_H, BLOCK_HALF] tiles, and the tables read at columns i and i + D/2.
+and stored as two contiguous [BLOCK_H, BLOCK_HALF] tiles, and the tables read at columns i and i + D/2. With
+`tables="per_head"` ([S, H, D/2] tables, Mochi's) the table tile is [BLOCK_H, BLOCK_HALF], one row per head.
 
 A paired launch (`_rms_norm_rope_pair_impl`, PAIR) serves two calls that share the tables and flags, the q
 and k of one attention: each program normalises and rotates its token's q, then its k, with the table
@@ -310,6 +311,8 @@ def _rms_norm_rope_kernel(
     syt_h,
     sc,
     ss,
+    sch,
+    ssh,
     eps,
     SXD: tl.constexpr,
     SXTD: tl.constexpr,
@@ -324,6 +327,7 @@ def _rms_norm_rope_kernel(
     SCD: tl.constexpr,
     SSD: tl.constexpr,
     PER_PAIR: tl.constexpr,
+    PER_HEAD: tl.constexpr,
     HALVES: tl.constexpr,
     HAS_TAIL: tl.constexpr,
     HAS_W: tl.constexpr,
@@ -366,7 +370,15 @@ def _rms_norm_rope_kernel(
     row = tl.where(rotated, s64 - START, 0)
     c_row = c_ptr + row * sc
     s_row = s_ptr + row * ss
-    if HALVES:
+    if PER_HEAD:  # [S, H, D/2] tables: pair i of head h reads cos[s, h, i] and sin[s, h, i]
+        pm = hmask[:, None] & hm[None, :]
+        ce = tl.load(c_row + (heads.to(tl.int64)[:, None] * sch + half[None, :] * SCD), mask=pm, other=0.0)
+        se = tl.load(s_row + (heads.to(tl.int64)[:, None] * ssh + half[None, :] * SSD), mask=pm, other=0.0)
+        ce = ce.to(tl.float32)
+        se = se.to(tl.float32)
+        co = ce
+        so = se
+    elif HALVES:
         ce = tl.load(c_row + half * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
         co = tl.load(c_row + (half + D // 2) * SCD, mask=hm, other=0.0).to(tl.float32)[None, :]
         se = tl.load(s_row + half * SSD, mask=hm, other=0.0).to(tl.float32)[None, :]
@@ -439,9 +451,10 @@ def supports(x, weight, x_tail, weight_tail, cos, sin, eps, cast_before_weight, 
     for name, w in (("weight", weight), ("weight_tail", weight_tail)):
         if w is not None and tuple(w.shape) != w_shape:
             return f"{name} has shape {tuple(w.shape)}, expected {w_shape}"
+    want = (S - start, H, D // 2) if tables == "per_head" else (S - start, D)
     for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) != (S - start, D):
-            return f"{name} has shape {tuple(t.shape)}, expected ({S - start}, {D})"
+        if tuple(t.shape) != want:
+            return f"{name} has shape {tuple(t.shape)}, expected {want}"
     return None
 
 
@@ -518,6 +531,7 @@ def _launch(
     by = unused(x) if bias_y is None else bias_y
     wyt = unused(x) if weight_y_tail is None else weight_y_tail
     sxt, sy, syt = _strides(xt, x_tail), _strides(y, pair), _strides(yt, y_tail)
+    per_head = tables == "per_head"
     launcher(_rms_norm_rope_kernel)[(B * s_total, triton.cdiv(H, block_h))](
         x,
         w,
@@ -544,6 +558,8 @@ def _launch(
         *syt[:3],
         cos.stride(0),
         sin.stride(0),
+        cos.stride(1) if per_head else 0,
+        sin.stride(1) if per_head else 0,
         eps,
         SXD=x.stride(3),
         SXTD=sxt[3],
@@ -555,9 +571,10 @@ def _launch(
         SWY=1 if weight_y is None else weight_y.stride(0),
         SBY=1 if bias_y is None else bias_y.stride(0),
         SWYT=1 if weight_y_tail is None else weight_y_tail.stride(0),
-        SCD=cos.stride(1),
-        SSD=sin.stride(1),
+        SCD=cos.stride(-1),
+        SSD=sin.stride(-1),
         PER_PAIR=tables == "per_pair",
+        PER_HEAD=per_head,
         HALVES=tables == "halves",
         HAS_TAIL=x_tail is not None,
         HAS_W=weight is not None,
