@@ -43,11 +43,10 @@ NOTES: dict[tuple[str, str], str] = {
 }
 # QK-norm + RoPE: the fused kernel reads FLUX's [S, D] per-element tables (HunyuanVideo's too, on the whole
 # sequence or on the image prefix), Wan's per-pair tables, LTX-Video's interleaved [1, S, H * D] ones, the
-# complex [S, D/2] ones (Qwen-Image, Lumina2, Z-Image) and rotate-half ones; the norm an RMSNorm or a LayerNorm per
-# head (CogView4, HunyuanDiT). In the models noted below the norm and the rotation are compiled by Inductor as they
+# complex [S, D/2] ones (Qwen-Image, Lumina2, Z-Image), rotate-half ones and per-head [S, H, D/2] ones (Mochi); the
+# norm an RMSNorm or a LayerNorm per head (CogView4, HunyuanDiT). In the models noted below the norm and the rotation are compiled by Inductor as they
 # are.
 NOTES.update({
-    ("mochi", "qk_norm_rope"): "norm and rotation compiled apart (its own interleaved form, x[..., 0::2] and stack)",
     ("hunyuan-dit", "adaln"): "shift-only modulation, norm(x) + shift (no scale)",
     ("mochi", "attention"): "the census counts none: MochiAttention is no diffusers Attention module (it calls SDPA)",
 })  # fmt: skip

@@ -12,6 +12,8 @@ matches `omni_compile::rms_norm` followed by the rotary embedding as the models 
     interleaved pairs over all heads (LTX-Video): norm_q(q) over H * D on [B, S, H * D], then
                         x * cos + stack([-x_odd, x_even]).flatten() * sin with [1, S, H * D] tables,
                         before the unflatten to heads (the whole token is one "head" of the op)
+    per-head tables:    Mochi: stack([(e * cos - o * sin), (e * sin + o * cos)], -1).flatten(-2) with e, o the even and
+                        odd elements of norm_q(q) in fp32 and [S, H, D/2] tables (one per head)
     complex tables:     view_as_real(view_as_complex(norm_q(q).float().reshape(..., -1, 2)) * freqs).flatten(3)
                         with freqs [S, 1, D/2] or [1, S, 1, D/2] (Qwen-Image, Lumina2, Z-Image), after the
                         `complex_mul` pass wrote the product in real arithmetic: the table's real view, read
@@ -145,6 +147,36 @@ def halves_forms(cbw: bool) -> tuple:
         return out.transpose(1, 2) if heads_first else out
 
     return halves_norm_rope, halves_fused
+
+
+def per_head_forms(cbw: bool) -> tuple:
+    def per_head_norm_rope(x, weight, cos, sin, eps):
+        # Mochi: the even and odd elements of each normalised head rotated with [S, H, D/2] tables, one per head
+        n = torch.ops.omni_compile.rms_norm(x, weight, eps, cbw)
+        even, odd = n[..., 0::2].float(), n[..., 1::2].float()
+        first = (even * cos - odd * sin).to(n.dtype)
+        second = (even * sin + odd * cos).to(n.dtype)
+        return torch.stack([first, second], dim=-1).flatten(-2)
+
+    def per_head_fused(x, weight, cos, sin, eps):
+        return torch.ops.omni_compile.rms_norm_rope(x, weight, None, None, cos, sin, eps, cbw, False, "per_head")
+
+    return per_head_norm_rope, per_head_fused
+
+
+def _per_head_check(traced: torch.dtype):
+    def check(match: Match) -> bool:
+        if not _x_and_weight_ok(match, traced, rank=4):
+            return False
+        x = match.kwargs["x"].meta["val"]
+        for name in ("cos", "sin"):
+            t = match.kwargs[name].meta["val"]
+            if t.dtype not in (torch.float32, x.dtype) or tuple(t.shape) != (x.shape[1], x.shape[2], x.shape[3] // 2):
+                return False
+        norm = next(n for n in match.nodes if n.target == torch.ops.omni_compile.rms_norm.default)
+        return len(norm.users) == 2  # the even and the odd elements, nothing else
+
+    return check
 
 
 def _broadcast_table(match: Match, table: torch.fx.Node) -> tuple[int, ...] | None:
@@ -524,6 +556,8 @@ class QKNormRopePass(PatternPass):
                               **again)  # fmt: skip
                 self.register(*complex_forms(cbw, dtype), [x, w, torch.empty(4, 1, 4, 2), 1e-6], _complex_check(dtype), sw,
                               **again)  # fmt: skip
+                tp = torch.empty(4, 2, 4)  # [S, H, D/2]
+                self.register(*per_head_forms(cbw), [x, w, tp, tp.clone(), 1e-6], _per_head_check(dtype), sw, **again)
                 th = torch.empty(2, 8)  # x [1, 4, 2, 8] as [B, H, S, D]
                 self.register(*halves_forms(cbw), [x, w, th, th.clone(), 1e-6], _halves_check(dtype), sw,
                               recheck=False, **again)  # fmt: skip

@@ -616,6 +616,11 @@ def gpu_cases():
 
         return make
 
+    def mochi_rope():  # 24 x 128, 4,096 tokens, a table per head ([S, H, D/2] fp32)
+        ang = randn(4096, 24, 64, scale=3)
+        return (randn(1, 4096, 24, 128, dtype=bf), randn(128, dtype=bf), None, None, ang.cos(), ang.sin(), EPS, True,
+                False, "per_head")  # fmt: skip
+
     def cogview4_rope():  # 32 x 128, 224 text tokens + 4,096 rotated image tokens, rotate-half, no affine
         cos, sin, tables = rope_tables("halves", 4096, 128, torch.float32, None)
         return (randn(1, 32, 4320, 128, dtype=bf).transpose(1, 2), None, None, cos, sin, 1e-5, tables, 224)
@@ -639,6 +644,7 @@ def gpu_cases():
         ("flux_single_rms_norm_rope", rope_k._launch, rms_norm_rope_native, flux_rope(False), _rope_mag),
         ("flux_double_rms_norm_rope", rope_k._launch, rms_norm_rope_native, flux_rope(True), _rope_mag),
         ("wan_rms_norm_rope", rope_k._launch, rms_norm_rope_native, wan_rope, _rope_mag),
+        ("mochi_rms_norm_rope", rope_k._launch, rms_norm_rope_native, mochi_rope, _rope_mag),
         ("cogview4_layer_norm_rope", _layer_launch(), layer_norm_rope_native, cogview4_rope, _layer_rope_mag),
         ("hunyuan_dit_layer_norm_rope", _layer_launch(), layer_norm_rope_native, hunyuan_dit_rope, _layer_rope_mag),
     ]

@@ -458,3 +458,59 @@ def test_layer_norm_near_misses_are_left_alone(case):
         eager = fn(x, cos, sin)
         assert fired(run_passes(gm, CompileConfig(passes=["-lower_fused_ops"]))) == {"qk_norm_rope": 1}
         assert rel_l2(gm(x, cos, sin), eager) < 1e-6
+
+
+# ---------------------------------------------------------------- per-head tables (Mochi)
+def mochi_rope(x, freqs_cos, freqs_sin, swap=False):
+    x_even = x[..., 0::2].float()
+    x_odd = x[..., 1::2].float()
+    if swap:  # the odd elements taken for the even ones: another rotation
+        x_even, x_odd = x_odd, x_even
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("kernel", ["native", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_kind", ["torch", "diffusers"])
+def test_per_head_norm_then_rope_with_per_head_tables(norm_kind, dtype, kernel):
+    """Mochi's rotation: the even and odd elements of the normalised q [B, S, H, D] in fp32 with [S, H, D/2] tables,
+    a table per head (5 heads, 7 tokens); one op with the `per_head` tables, against eager and float64."""
+    if kernel == "triton":
+        require_triton_interpreter()
+    b, s, h, d = 2, 7, 5, 12
+    norm = make_norm(norm_kind, d, dtype)
+    x = torch.randn(b, s, h, d, dtype=dtype) * 3
+    angle = torch.rand(s, h, d // 2, generator=torch.Generator().manual_seed(2)) * 6.28
+    cos, sin = angle.cos(), angle.sin()
+
+    def fn(x, cos, sin):
+        return mochi_rope(norm(x), cos, sin)
+
+    op_args, fused_targets, eager, fused = one_fused_op(fn, (x, cos, sin), kernel)
+    assert op_args[9] == "per_head" and "aten.rsqrt.default" not in fused_targets
+    xd = x.double()
+    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.detach().double()
+    ref = mochi_rope(n, cos.double(), sin.double())
+    assert fused.dtype == eager.dtype and fused.shape == eager.shape
+    if dtype == torch.float32:
+        assert rel_l2(fused, eager) < 1e-6 and rel_l2(fused, ref) < 1e-5
+    else:
+        assert rel_l2(fused, eager) < 4e-3 and rel_l2(fused, ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["even-odd-swapped", "per-sample-tables", "norm-used-elsewhere"])
+def test_per_head_table_near_misses_are_left_alone(case):
+    b, s, h, d = 2, 5, 3, 8
+    norm = torch.nn.RMSNorm(d, eps=1e-6)
+    x = torch.randn(b, s, h, d)
+    angle = torch.rand(b if case == "per-sample-tables" else 1, s, h, d // 2) * 6.28
+    cos, sin = (angle.cos(), angle.sin()) if case == "per-sample-tables" else (angle.cos()[0], angle.sin()[0])
+
+    def fn(x, cos, sin):
+        n = norm(x)
+        out = mochi_rope(n, cos, sin, swap=case == "even-odd-swapped")
+        return out + n if case == "norm-used-elsewhere" else out
+
+    assert_left_alone(fn, x, cos, sin)
