@@ -21,8 +21,10 @@ matches `omni_compile::rms_norm` followed by the rotary embedding as the models 
                         float64 table, Lumina2's, is read in fp32: the rotation is computed in fp32)
 
 with the norm in either rounding (torch's, or diffusers' cast to a half-precision weight's dtype first),
-and replaces each with one `omni_compile::rms_norm_rope`, which normalises and rotates in one pass
-and writes the concatenated sequence directly (no separate cat copy). The rotation tables are
+and replaces each with one `omni_compile::rms_norm_rope`; and a LayerNorm over head_dim followed by per-element or
+rotate-half RoPE, on every token or, written back in place, from a token on (HunyuanDiT, CogView4), with one
+`omni_compile::layer_norm_rope` (`LayerNormRopePatterns`, traced only for graphs with a per-head LayerNorm). Each
+op normalises and rotates in one pass and writes the concatenated sequence directly (no separate cat copy). The rotation tables are
 passed whole ([S, D]; Wan's [1, S, 1, D] as a free reshape), with how a pair reads them. `extra_check`/handler guards: the
 tables are [S, D] (FLUX) or [1, S, 1, D] (Wan) for the full sequence, head_dim is even, the norm
 output has no other user, the unflatten splits the normalised dimension into heads exactly.
@@ -514,15 +516,16 @@ class LayerNormRopePatterns(PatternPass):
     def occurs_in(graph: torch.fx.Graph) -> bool:
         """Whether `graph` has a LayerNorm over the last dim of a 4-d tensor (a per-head QK-norm)."""
         return any(
-            n.target == aten.var_mean.correction and n.args[0].meta.get("val") is not None
-            and n.args[0].meta["val"].dim() == 4
+            n.target == aten.var_mean.correction and isinstance(n.args[0], torch.fx.Node)
+            and getattr(n.args[0].meta.get("val"), "ndim", 0) == 4
             for n in graph.nodes
         )  # fmt: skip
 
 
 class QKNormRopePass(PatternPass):
     """Fuses RMSNorm of q/k with the rotary embedding (FLUX single/joint, Wan, interleaved over all heads as
-    LTX-Video writes it) into `omni_compile::rms_norm_rope`."""
+    LTX-Video writes it, complex, rotate-half and per-head tables) into `omni_compile::rms_norm_rope`, and a LayerNorm
+    QK-norm with its rotary embedding (CogView4, HunyuanDiT) into `omni_compile::layer_norm_rope`."""
 
     name = "qk_norm_rope"
     # On by default: inside a compiled graph on the H200 its kernel runs 2.6-2.7x faster than Inductor's
