@@ -86,7 +86,7 @@ def test_kernel_choices(monkeypatch):
     from omni_compile.ops.registry import FUSED_OPS, parse_kernel_choices
 
     ops = set(FUSED_OPS)
-    assert ops == {"rms_norm", "adaln", "gated_residual", "rms_norm_rope", "quant_rows", "adaln_quant"}
+    assert ops == {"rms_norm", "adaln", "gated_residual", "rms_norm_rope", "layer_norm_rope", "quant_rows", "adaln_quant"}
     assert parse_kernel_choices({}) == {op: "auto" for op in ops}
     assert parse_kernel_choices({"*": "native"}) == {op: "native" for op in ops}
     assert parse_kernel_choices({"*": "triton", "adaln": "native"}) == {
@@ -137,7 +137,8 @@ def test_auto_selection_picks_only_kernels_verified_on_the_platform():
             assert (res.implementation, res.reason) == ("triton", "triton kernel for cuda"), res
         else:
             assert res.implementation == "native", res
-            assert "opt-in on cuda (it ties Inductor's code" in res.reason
+            why = {"gated_residual": "it ties Inductor's code", "layer_norm_rope": "its LayerNorm form is not yet measured"}
+            assert f"opt-in on cuda ({why[op.name]}" in res.reason
             assert f"use kernels {op.name}=triton)" in res.reason
         res = op.resolve(rocm, None, "auto")
         assert res.implementation == "native", res

@@ -727,7 +727,9 @@ LAYER_KERNEL = register(
             launcher=_layer_norm_rope_pair_impl,
             supports=layer_supports_pair,
         ),
-        auto_on=("cuda",),
+        # the rms_norm_rope kernel's own form, but its LayerNorm path is not yet measured against Inductor's code
+        auto_on=(),
+        manual_reason="its LayerNorm form is not yet measured against Inductor's code on a GPU",
         description="Triton kernel (the rms_norm_rope kernel's LayerNorm form), embedded in Inductor's generated code",
     )
 )
