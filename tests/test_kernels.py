@@ -542,7 +542,9 @@ def test_supports_reasons():
     assert rope() is None
     assert rope(tables="per_pair") is None
     assert rope(tables="halves") is None
-    assert rope(tables="quarters") == "tables='quarters'; the kernel reads 'per_element', 'per_pair', 'halves' tables"
+    assert rope(tables="quarters") == (
+        "tables='quarters'; the kernel reads 'per_element', 'per_pair', 'halves', 'per_head' tables"
+    )
     assert "odd" in rope(x=_fake(1, 8, 4, 63), weight=None, cos=_fake(8, 63), sin=_fake(8, 63))
     assert "expected (256,)" in rope(across_heads=True)
     assert "sin has shape (9, 64), expected (8, 64)" in rope(sin=_fake(9, 64))
