@@ -751,3 +751,62 @@ def test_a_computed_input_is_stored_once_on_cuda():
     # one kernel of Inductor's own, the add, storing once: no copies of the spares either
     assert [k.split("device_str")[0].count("tl.store") for k in generated] == [1], code
     torch._dynamo.reset()
+
+
+PTX_CHECK = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from omni_compile.ops.kernels import rms_norm_rope as rope_k
+
+forms = {  # the kernel's constexpr forms: FLUX's joint pair, Wan's, rotate-half, Mochi's, LayerNorm's
+    "flux-joint-pair": dict(HAS_TAIL=True, HAS_WT=True, PAIR=True, HAS_WY=True, HAS_WYT=True),
+    "wan-across-pair": dict(PER_PAIR=True, ACROSS=True, BLOCK_H=16, PAIR=True, HAS_WY=True),
+    "halves-stride2": dict(HALVES=True, SPLIT=False),
+    "per-head-pair": dict(PER_HEAD=True, CAST_BEFORE_W=True, PAIR=True, HAS_WY=True),
+    "layer-bias-pair": dict(LAYER=True, HAS_BX=True, PAIR=True, HAS_WY=True, HAS_BY=True),
+    "layer-halves-stride2": dict(LAYER=True, HALVES=True, SPLIT=False, HAS_W=False),
+}
+kernel = rope_k._rms_norm_rope_kernel
+ints = {"S1", "S_total", "START", "H", "D"}
+signature = {}
+for p in kernel.params:
+    if p.is_constexpr:
+        signature[p.name] = "constexpr"
+    elif p.name.endswith("_ptr"):
+        signature[p.name] = "*fp32" if p.name in ("c_ptr", "s_ptr") else "*bf16"
+    else:
+        signature[p.name] = "fp32" if p.name == "eps" else "i32" if p.name in ints else "i64"
+result = {}
+for form, over in forms.items():
+    flags = dict(SXD=1, SXTD=1, SW=1, SBX=1, SWT=1, SYD=1, SYTD=1, SWY=1, SBY=1, SWYT=1, SCD=1, SSD=1, PER_PAIR=False,
+                 PER_HEAD=False, HALVES=False, HAS_TAIL=False, HAS_W=True, HAS_BX=False, HAS_WT=False, PAIR=False,
+                 HAS_WY=False, HAS_BY=False, HAS_WYT=False, LAYER=False, CAST_BEFORE_W=False, ACROSS=False, SPLIT=True,
+                 BLOCK_H=8, BLOCK_HALF=64, EMULATE_RTNE=False)
+    flags.update(over)
+    assert set(flags) == {n for n, t in signature.items() if t == "constexpr"}, set(flags) ^ set(signature)
+    src = ASTSource(fn=kernel, signature=signature, constexprs=flags)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    result[form] = ".entry _rms_norm_rope_kernel" in ptx
+print(json.dumps(result))
+"""
+
+
+def test_rope_kernel_forms_compile_for_sm90(subprocess_env):
+    """Each form of the rms_norm_rope kernel (FLUX's, Wan's, rotate-half, per-head tables, LayerNorm) compiles to PTX
+    for an H100/H200 (sm_90) with Triton's own ptxas, no GPU needed: what the interpreter does not check (the types
+    and layouts the compiler assigns). In a subprocess without TRITON_INTERPRET (interpreted kernels do not compile)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this Triton has no NVIDIA backend")
+    env = {k: v for k, v in subprocess_env.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", PTX_CHECK], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == dict.fromkeys(result, True) and len(result) == 6, result
