@@ -20,7 +20,8 @@
 #   w3         bench/e2e.py on W3 (FLUX 512²): stock, stock-fa3, omni, omni with whole-step CUDA graphs
 #   e2e        bench/e2e.py on W1, then W2 (E2E_WORKLOADS, E2E_MODES), with a profile of the modes in E2E_PROFILE (default
 #              omni,stock-fa3: kernel categories, GEMMs by shape, the device timeline)
-#   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B), families without an adapter:
+#   w5         bench/e2e.py on W5-ltx (LTX-Video 2B) and W5-hunyuan (HunyuanVideo 13B) (and, named in W5, W5-cogview4:
+#              CogView4 6B-sized, LayerNorm QK-norm), families without an adapter:
 #              stock, stock-fa3, omni (W5, W5_MODES, or W5_MODES_W5_ltx / W5_MODES_W5_hunyuan for one of them)
 #   imports    bench/imports.py: Python start and each import of a server, fresh processes, with and without a
 #              bytecode cache in /tmp/pyc
