@@ -1,4 +1,6 @@
-"""Triton kernel for `omni_compile::rms_norm_rope`.
+"""Triton kernel for `omni_compile::rms_norm_rope`, and in its LAYER form for `omni_compile::layer_norm_rope`
+(each head centred before its sum of squares, the bias added after the weight; the tokens before START are
+normalised and not rotated, token s from START on reads table row s - START; START is 0 for rms_norm_rope).
 
 Tiling: a program takes one token (b, s) of the output and BLOCK_H of its heads (all heads with
 `across_heads`, whose statistics span H * D; per head, BLOCK_H is next_power_of_2(H) when the
