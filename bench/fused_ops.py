@@ -251,7 +251,7 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     x = randn(1, T6 + S6, H6, hd6)
     cases.append(Case("CogView4 layer_norm_rope halves suffix", cogview4, (x, cos6, sin6), ops.layer_norm_rope_triton,
                       (x, None, None, cos6, sin6, 1e-5, "halves", T6),
-                      _layer_launch, _rope_configs(H6, hd6, False), pair=((0,), (0,)), op="layer_norm_rope"))  # fmt: skip
+                      rope_k.layer_launch, _rope_configs(H6, hd6, False), pair=((0,), (0,)), op="layer_norm_rope"))  # fmt: skip
 
     # HunyuanDiT 1024² (16 x 88, 4,096 tokens): LayerNorm with weight and bias per head, FLUX-style per-element tables
     H7, hd7, S7 = (2, 8, 12) if quick else (16, 88, 4096)
@@ -264,14 +264,8 @@ def make_cases(device: str, quick: bool) -> list[Case]:
     cases.append(Case("HunyuanDiT layer_norm_rope per-element",
                       lambda x, c, s: apply_rotary_emb(ln7(x.transpose(1, 2)), (c, s)).transpose(1, 2), (x, cos7, sin7),
                       ops.layer_norm_rope_triton, (x, ln7.weight, ln7.bias, cos7, sin7, 1e-6, "per_element", 0),
-                      _layer_launch, _rope_configs(H7, hd7, False), pair=((0,), (0,)), op="layer_norm_rope"))  # fmt: skip
+                      rope_k.layer_launch, _rope_configs(H7, hd7, False), pair=((0,), (0,)), op="layer_norm_rope"))  # fmt: skip
     return cases
-
-
-def _layer_launch(x, weight, bias, cos, sin, eps, tables, start, out, config=None):
-    """`layer_norm_rope`'s launch with a tiling `config` (the sweep): the rms_norm_rope kernel's LayerNorm form."""
-    return rope_k._launch(x, weight, None, None, cos, sin, eps, False, False, tables, out, config=config, layer=True,
-                          bias=bias, start=start)  # fmt: skip
 
 
 def _row_configs(d: int) -> list[dict]:

@@ -411,11 +411,7 @@ def _layer_rope_mag(args):
 
 
 def _layer_launch(config=None):
-    def launch(x, w, b, cos, sin, eps, tables, start, out):
-        return rope_k._launch(x, w, None, None, cos, sin, eps, False, False, tables, out, config=config, layer=True,
-                              bias=b, start=start)  # fmt: skip
-
-    return launch
+    return lambda *args: rope_k.layer_launch(*args, config=config)
 
 
 def layer_cases():

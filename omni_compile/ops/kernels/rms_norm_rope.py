@@ -699,8 +699,13 @@ def _layer_norm_rope_impl(
     start: int,
 ) -> torch.Tensor:
     """`omni_compile::layer_norm_rope` as one Triton kernel (the RMSNorm kernel's LAYER form)."""
-    out = x.new_empty(x.shape)
-    return _launch(x, weight, None, None, cos, sin, eps, False, False, tables, out, layer=True, bias=bias, start=start)
+    return layer_launch(x, weight, bias, cos, sin, eps, tables, start, x.new_empty(x.shape))
+
+
+def layer_launch(x, weight, bias, cos, sin, eps, tables, start, out, config=None):
+    """Launch the LAYER form writing `out`, in `layer_norm_rope`'s argument order (`config`: as `_launch`'s)."""
+    return _launch(x, weight, None, None, cos, sin, eps, False, False, tables, out, config=config, layer=True,
+                   bias=bias, start=start)  # fmt: skip
 
 
 def _layer_norm_rope_pair_impl(x, weight, bias, y, weight_y, bias_y, cos, sin, eps, tables, start):
