@@ -7,7 +7,8 @@ cold compile times are really cold and no mode warms another's caches; the paren
 results and prints one table. Modes:
 
   eager       the diffusers model as is
-  stock       diffusers' `compile_repeated_blocks(fullgraph=True)` (stock Inductor, regional); saves
+  stock       diffusers' `compile_repeated_blocks(fullgraph=True)` (stock Inductor, regional; a model that
+              declares no `_repeated_blocks`, such as CogView4, gets its block class named first); saves
               Inductor's cache bundle (Mega-Cache)
   stock-warm  a new process that loads stock's cache bundle first, then compiles
   stock-fa3   stock, with diffusers' attention backend `_flash_3` run by the fa3-fwd wheel (what a user
@@ -186,6 +187,10 @@ def run_one(workload: str, mode: str, steps: int, warmup: int, bundle: Path, see
         if mode == "stock-fa3":
             diffusers_fa3_from_fa3_fwd()
             model.set_attention_backend("_flash_3")
+        if not getattr(model, "_repeated_blocks", None):  # CogView4 declares none: name its block class, as a
+            from omni_compile.graphs.regions import discover_block_classes  # user would, to compile it regionally
+
+            model._repeated_blocks = discover_block_classes(model)
         model.compile_repeated_blocks(fullgraph=True)
     elif mode.split("/")[0] in ("omni", "omni-warm"):
         # "omni/all/*=triton/attn=CUDNN_ATTN": omni-compile with those pass switches, kernel choices

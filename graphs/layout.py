@@ -2,9 +2,47 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
+
+# CPU tensor -> (its version, the device it was moved to, the moved tensor): what `on_device` moved already
+_MOVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def on_device(t: Any, device: torch.device | None) -> Any:
+    """`t` with its CPU tensors on `device` (a block's, when it is not the CPU), each moved once while it lives.
+
+    Some models compute what every block reads on the host (CogView4 makes its rotary tables on the CPU each step,
+    and each attention moves them with `.to(x.device)`): inside a compiled region that is a host-to-device copy
+    per block and per table, and a `device_put` between the tables and the rotation the passes look for. Moving
+    them at the region's door gives the same values on the device, copied once per step (the blocks share the
+    tensors: the copy is kept for as long as the CPU tensor lives and is not written). Tuples and lists are
+    handled one level deep, as in `canonical_layout`."""
+    if device is None or device.type in ("cpu", "meta"):
+        return t
+    if isinstance(t, torch.Tensor):
+        if t.device.type != "cpu":
+            return t
+        hit = _MOVED.get(t)
+        if hit is not None and hit[0] == t._version and hit[1] == device:
+            return hit[2]
+        moved = t.to(device)
+        _MOVED[t] = (t._version, device, moved)
+        return moved
+    if type(t) in (tuple, list):
+        return type(t)(on_device(x, device) for x in t)
+    return t
+
+
+def module_device(module: torch.nn.Module) -> torch.device | None:
+    """The device of `module`'s first parameter or buffer (None for a module without tensors)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return None
 
 
 def canonical_layout(t: Any) -> Any:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from omni_compile.graphs.layout import canonical_layout
+from omni_compile.graphs.layout import canonical_layout, module_device, on_device
 
 if TYPE_CHECKING:  # build-time only: loading an artifact (the server's start) does not import the passes
     from omni_compile.graphs.trace import OpTrace
@@ -40,9 +40,11 @@ if TYPE_CHECKING:  # build-time only: loading an artifact (the server's start) d
 logger = logging.getLogger("omni_compile.artifact")
 
 
-def canonical_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Size-1 dims get canonical strides (free views), as the JIT path does: one signature per layout."""
-    return tuple(canonical_layout(a) for a in args), {k: canonical_layout(v) for k, v in kwargs.items()}
+def canonical_call(args: tuple, kwargs: dict, device: torch.device | None = None) -> tuple[tuple, dict]:
+    """Size-1 dims get canonical strides (free views), as the JIT path does: one signature per layout; CPU tensors
+    given to a block on `device` are moved there first (`on_device`)."""
+    return (tuple(canonical_layout(on_device(a, device)) for a in args),
+            {k: canonical_layout(on_device(v, device)) for k, v in kwargs.items()})  # fmt: skip
 
 
 def call_key(args: tuple, kwargs: dict) -> tuple:
@@ -147,7 +149,7 @@ class CallRecorder:
 
     def _hook(self, target: str, path: str):
         def hook(module, args, kwargs):
-            args, kwargs = canonical_call(args, kwargs)
+            args, kwargs = canonical_call(args, kwargs, module_device(module))
             key = call_key(args, kwargs)
             sig = signature_id(key)
             rec = self.records[target]

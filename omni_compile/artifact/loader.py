@@ -55,7 +55,7 @@ class RegionDispatch:
         self.state = aot.module_state(module)  # the instance's tensors, read at call time through the dict
 
     def __call__(self, *args, **kwargs):
-        args, kwargs = aot.canonical_call(args, kwargs)
+        args, kwargs = aot.canonical_call(args, kwargs, aot.module_device(self.module))
         key = aot.call_key(args, kwargs)
         runner = self.runners.get(key)
         if runner is None:
