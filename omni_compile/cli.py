@@ -156,6 +156,10 @@ def _serve_parsers(sub) -> None:
     add_serve_arguments(sub.add_parser("serve", help="serve an artifact over HTTP (OpenAI images API for FLUX, videos "
                                        "API for Wan; docs/serving.md)"))
     add_pipeline_arguments(sub.add_parser("pipeline", help="write a preset's whole random diffusers pipeline to a directory"))
+    from omni_compile.parallel.run import add_arguments as add_run_arguments
+
+    add_run_arguments(sub.add_parser("run", help="compile a model just in time and time its step, in one process or on "
+                                                 "N ranks (torchrun ... -m omni_compile run --parallel ulysses=N)"))
 
 
 def _cmd_build(args, console) -> int:
@@ -426,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_serve(args, console)
         if args.command == "inspect":
             return _cmd_inspect(args, console)
+        if args.command == "run":
+            from omni_compile.parallel.run import run
+
+            return run(args, console)
     except OmniCompileError as e:
         print(f"omni-compile: error: {e}", file=sys.stderr)
         return 2

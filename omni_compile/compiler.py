@@ -10,6 +10,7 @@ cache hits). The model keeps its forward signature, so it drops into a diffusers
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -279,6 +280,8 @@ def compile(
     adapter=None,
     cuda_graphs: bool = False,
     precision: str | None = None,
+    parallel=None,
+    parallel_plan: dict | None = None,
 ) -> nn.Module:
     """Compile `model`'s regions with Inductor and our passes (JIT, on first call per bucket).
 
@@ -289,7 +292,10 @@ def compile(
     graph per bucket, captured on the first call of that bucket after its regions compiled (inference
     only; see `omni_compile.runtime.cuda_graphs` for the contract). `precision="fp8"` (lossy, opt-in): the
     weight transform fp8, the blocks' Linears as fp8 GEMMs (docs/fast-mode.md); None or "lossless": as the
-    model is. Returns the same module, whose forward signature is unchanged.
+    model is. `parallel` (`omni_compile.parallel.ParallelConfig`, or "ulysses=N"): this process is one of N ranks
+    started together (torchrun) that run each call together, each on 1/N of the tokens (docs/parallel.md);
+    `parallel_plan` replaces the model's context-parallel plan (`_cp_plan`). Returns the same module, whose
+    forward signature is unchanged.
     """
     if isinstance(config, dict):
         config = CompileConfig.from_dict(config)
@@ -298,6 +304,17 @@ def compile(
     if getattr(model, "_omni_compile", None) is not None:
         raise ConfigError("this model is already compiled by omni-compile; call omni_compile.uncompile(model) first")
     platform = current_platform(_model_device(model))
+    parallel_state, plan = None, None
+    if parallel is not None:
+        import omni_compile.parallel.ulysses  # noqa: F401  (the op, which code from Inductor's cache calls)
+        from omni_compile.parallel import ParallelConfig, init_parallel
+        from omni_compile.parallel.plan import check_splittable
+
+        parallel = ParallelConfig.parse(parallel)
+        if parallel.ulysses > 1:
+            plan = check_splittable(model, parallel.ulysses, parallel_plan)  # before any process group starts
+            parallel_state = init_parallel(parallel, _model_device(model).type)
+            config = dataclasses.replace(config, sequence_parallel=True)
     if adapter is None:
         from omni_compile.models.registry import adapter_for_model
 
@@ -330,6 +347,10 @@ def compile(
         from omni_compile.runtime import capture_forward
 
         state.cuda_graphs = capture_forward(model)
+    if parallel_state is not None:
+        from omni_compile.parallel.plan import shard_model
+
+        shard_model(model, parallel_state, plan)
     model._omni_compile = state
     logger.info(
         "omni-compile: %d region(s) %s on %s, passes %s",
@@ -351,6 +372,10 @@ def uncompile(model: nn.Module) -> nn.Module:
         from omni_compile.runtime.step_cache import disable_step_cache
 
         disable_step_cache(model)
+    if getattr(model, "_omni_parallel", None) is not None:
+        from omni_compile.parallel.plan import unshard_model
+
+        unshard_model(model)
     for region in state.regions:
         for _, module in region.instances:
             module.__dict__.pop("forward", None)

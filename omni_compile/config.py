@@ -200,6 +200,14 @@ class CompileConfig:
             "fp8 would take."
         },
     )
+    sequence_parallel: bool = field(
+        default=False,
+        metadata={
+            "doc": "Every attention call of a region runs as Ulysses attention over the sequence-parallel group "
+            "(omni_compile.parallel; compile(parallel=...) sets it): the regions then run on one rank's share "
+            "of the tokens. Without a group (one process) the attention is the backend's as usual."
+        },
+    )
     fullgraph: bool = field(
         default=True, metadata={"doc": "Each region must trace as one graph; a graph break is an error."}
     )
@@ -237,6 +245,8 @@ class CompileConfig:
             factors["weight_transforms"] = list(self.weight_transforms)
         if self.fp8_keep:
             factors["fp8_keep"] = list(self.fp8_keep)
+        if self.sequence_parallel:
+            factors["sequence_parallel"] = True
         return hashlib.sha256(json.dumps(factors, sort_keys=True).encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:

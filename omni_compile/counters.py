@@ -28,6 +28,10 @@ class CompilationCounters:
     weight_transforms: int = 0
     # Linears a LoRA was merged into (`omni_compile.runtime.lora`; once per switch of adapter or scale).
     lora_merges: int = 0
+    # Attention calls that ran as `omni_compile::ulysses_attention` (a region compiled for sequence parallelism).
+    ulysses_calls: int = 0
+    # Ulysses attention calls that exchanged tokens for heads with the other ranks (`omni_compile.parallel.ulysses`).
+    ulysses_exchanges: int = 0
     # Seconds spent tracing the passes' patterns (once per process, by the first compile that runs the passes).
     pattern_trace_seconds: float = 0.0
     # Pattern matches per pass name.

@@ -39,6 +39,7 @@ from omni_compile.attention.backends import BACKENDS, AttentionCall, installed_f
 from omni_compile.attention.backends.base import seqused_attention
 from omni_compile.attention.config import AttentionConfig
 from omni_compile.attention.select import check_explicit_choices, resolve
+from omni_compile.errors import ConfigError
 from omni_compile.passes.base import OmniPass, PassContext, PassResult, _source, known_size, size_hint
 from omni_compile.passes.lower_fused_ops import fake_trace, functional_trace, record_resolution, splice_body
 from omni_compile.platform import Platform
@@ -228,6 +229,16 @@ def _kernel_body(launcher):
     return body
 
 
+def _ulysses_body(backend: str):
+    """The call as Ulysses attention through `backend` (`omni_compile.parallel.ulysses`), on [B, S, H, D] views."""
+    from omni_compile.parallel.ulysses import ulysses_attention
+
+    def body(q, k, v, mask, scale, invert=False, bias=None):
+        return _to_bshd(ulysses_attention(_to_bshd(q), _to_bshd(k), _to_bshd(v), scale, backend))
+
+    return body
+
+
 def _splice_external_call(out: torch.fx.Node, bound: dict, op) -> None:
     """Replace `out` by `op(q, k, v, key_mask, scale[, key_bias])` on [B, S, H, D] views, as one call node
     (tracing would run a triton_op's kernel on fake tensors)."""
@@ -261,18 +272,21 @@ class AttentionPass(OmniPass):
     name = "attention"
 
     def __init__(self, options=None, platform: Platform | None = None, config: AttentionConfig | None = None,
-                 role_of=None):  # fmt: skip
+                 role_of=None, sequence_parallel: bool = False):  # fmt: skip
         super().__init__(options)
         self.platform = platform
         self.config = config or AttentionConfig()
         self.role_of = role_of or (lambda path: path or "default")
+        # every call becomes Ulysses attention over the sequence-parallel group (omni_compile.parallel)
+        self.sequence_parallel = sequence_parallel
         if platform is not None:
             check_explicit_choices(self.config, platform)
         self.resolutions: dict[str, dict] = {}
 
     @classmethod
     def from_context(cls, ctx: PassContext) -> AttentionPass:
-        return cls(ctx.options, platform=ctx.platform, config=ctx.attention, role_of=ctx.attention_role)
+        return cls(ctx.options, platform=ctx.platform, config=ctx.attention, role_of=ctx.attention_role,
+                   sequence_parallel=ctx.config.sequence_parallel)  # fmt: skip
 
     def run(self, graph: torch.fx.Graph) -> PassResult:
         self.resolutions = {}  # this graph's calls only
@@ -292,11 +306,13 @@ class AttentionPass(OmniPass):
         kw = normalized.kwargs if normalized is not None else {}
         q, k, v = kw.get("query"), kw.get("key"), kw.get("value")
         if not all(isinstance(t, torch.fx.Node) for t in (q, k, v)):
+            self._refuse_unsharded(node, "its query, key or value is not a tensor of the graph")
             return 0
         if not all(known_size(d) for t in (q, k, v) for d in t.meta["val"].shape):
             # e.g. the tokens a mask keeps, gathered by nonzero: no backend can be chosen or measured for a length
             # known only when the graph runs
             why = "a sequence length that depends on the data (nonzero, a mask's count): left to torch"
+            self._refuse_unsharded(node, why)
             record_resolution(self.resolutions, self.role_of(_module_path(node)), "TORCH_SDPA", why)
             return 0
         mask = kw.get("attn_mask", kw.get("attn_bias"))
@@ -306,7 +322,10 @@ class AttentionPass(OmniPass):
             key_bias = None if key_padding else _key_bias(mask, q.meta["val"], k.meta["val"])
             mask_kind = "key_padding" if key_padding else "key_bias" if key_bias is not None else "other"
         role = self.role_of(_module_path(node))
+        if mask_kind is not None:
+            self._refuse_unsharded(node, f"it has an attention mask ({mask_kind.replace('_', '-')})")
         if kw.get("dropout_p", 0.0) or kw.get("is_causal", False):
+            self._refuse_unsharded(node, "dropout or a causal mask")
             record_resolution(self.resolutions, role, "TORCH_SDPA", "dropout or a causal mask: left to torch")
             return 0
         if node.target is aten.scaled_dot_product_attention.default:
@@ -314,6 +333,7 @@ class AttentionPass(OmniPass):
         else:
             users = list(node.users)
             if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+                self._refuse_unsharded(node, "an output besides the attention's (the log-sum-exp) is read")
                 return 0
             out = users[0]
             for extra in users[1:]:  # duplicate getitem(node, 0)
@@ -330,12 +350,16 @@ class AttentionPass(OmniPass):
         )
         if qv.shape[1] != kv_.shape[1] or vv.shape[-1] != qv.shape[-1]:
             why = "grouped-query attention or a different value head size: left to torch"
+            self._refuse_unsharded(node, why)
             record_resolution(self.resolutions, role, "TORCH_SDPA", why)
             return 0
         resolution = resolve(self.config, role, self.platform, call, measure=self.config.measure)
         record_resolution(self.resolutions, role, resolution.backend, resolution.describe(),
                           measured=dict([resolution.measured]) if resolution.measured else None)  # fmt: skip
-        body, trace = self._body(resolution.backend, node)
+        if self.sequence_parallel:
+            body, trace = _ulysses_body(resolution.backend), fake_trace
+        else:
+            body, trace = self._body(resolution.backend, node)
         if body is None:  # torch's own node already runs this backend: resolved (recorded above), not rewritten
             return 0
         scale = kw.get("scale")
@@ -349,6 +373,13 @@ class AttentionPass(OmniPass):
         else:
             splice_body(out, bound, body, trace)
         return 1
+
+    def _refuse_unsharded(self, node: torch.fx.Node, why: str) -> None:
+        """Under sequence parallelism every attention call must become Ulysses attention: a call left as it is
+        would attend to this rank's tokens only."""
+        if self.sequence_parallel:
+            raise ConfigError(f"sequence parallelism cannot split the attention call of {_module_path(node) or 'a block'}: "
+                              f"{why}; run this model in one process (parallel ulysses=1)")  # fmt: skip
 
     def _body(self, backend: str, node: torch.fx.Node):
         """(body, trace) of the backend's form (`AttentionBackend.form`); (None, None): leave the node."""
@@ -373,4 +404,6 @@ class AttentionPass(OmniPass):
         factors = [super().uuid(), repr(self.config.to_json()), _source(self.role_of),
                    repr(sorted((n, b.form, sorted(b.priority.items())) for n, b in BACKENDS.items()))]
         factors.append(repr(installed_flash_modules()))
+        if self.sequence_parallel:
+            factors.append("sequence_parallel")
         return hashlib.sha256("|".join(factors).encode()).hexdigest()

@@ -52,6 +52,7 @@ def test_compile_config_hash_covers_codegen_fields_only():
     assert CompileConfig(passes=["-rms_norm"]).compute_hash() != base.compute_hash()
     assert CompileConfig(canonicalize_strides=False).compute_hash() != base.compute_hash()
     assert CompileConfig(pass_options={"rms_norm": {"semantics": ["torch"]}}).compute_hash() != base.compute_hash()
+    assert CompileConfig(sequence_parallel=True).compute_hash() != base.compute_hash()
     assert all(CompileConfig.field_docs().values()), "every config field has a docstring"
 
 
