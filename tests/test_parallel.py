@@ -142,3 +142,34 @@ def test_run_with_parallel_outside_torchrun_is_one_line(subprocess_env):
         ("omni-compile: error: parallel ulysses=2 needs 2 processes started together: run under torchrun "
          "--nproc-per-node 2 (RANK and WORLD_SIZE are not set)")
     ]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["TORCH_SDPA", "FA3_ATTN"])
+def test_sequence_parallel_regions_on_cuda(backend, fresh_dynamo):
+    """On a GPU in one process, the Ulysses op runs the backend the pass chose for the call (FA3 where it is
+    installed) at the level of the regions compiled without it, bf16."""
+    from omni_compile.attention.backends import BACKENDS
+    from omni_compile.platform import current_platform
+
+    why = BACKENDS[backend].check(current_platform("cuda"), explicit=True)
+    if why:
+        pytest.skip(why)
+    spec = resolve_model("flux-tiny")
+    model = spec.load(dtype=torch.bfloat16, device="cuda", seed=0)
+    inputs = spec.adapter.example_inputs(model, ShapeBucket.parse("64x64"), dtype=torch.bfloat16, device="cuda",
+                                         text_len=8, seed=1)  # fmt: skip
+    config = {"default": {"backend": backend}}
+    with torch.no_grad():
+        ref = model(**inputs)[0].double()
+        omni_compile.compile(model, omni_compile.CompileConfig(attention=config))
+        plain = model(**inputs)[0].double()
+        omni_compile.uncompile(model)
+        torch._dynamo.reset()
+        omni_compile.compile(model, omni_compile.CompileConfig(attention=config, sequence_parallel=True))
+        with counters.expect(ulysses_calls=4, ulysses_exchanges=0):
+            sp = model(**inputs)[0].double()
+    rec = omni_compile.compile_state(model).records
+    assert {r["implementation"] for x in rec for r in x.attention.values()} == {backend}
+    assert float((sp - ref).norm() / ref.norm()) < 1e-2
+    assert float((sp - plain).norm() / plain.norm()) < 1e-2
