@@ -138,7 +138,7 @@ def test_auto_selection_picks_only_kernels_verified_on_the_platform():
             assert (res.implementation, res.reason) == ("triton", "triton kernel for cuda"), res
         else:
             assert res.implementation == "native", res
-            why = {"gated_residual": "it ties Inductor's code", "layer_norm_rope": "its LayerNorm form is not yet measured"}
+            why = {"gated_residual": "it ties Inductor's code", "layer_norm_rope": "its LayerNorm form is not yet checked"}
             assert f"opt-in on cuda ({why[op.name]}" in res.reason
             assert f"use kernels {op.name}=triton)" in res.reason
         res = op.resolve(rocm, None, "auto")
