@@ -208,11 +208,27 @@ class RegionBackend:
         else:
             entry = {"passes": record.passes, "fused_op_implementations": record.resolutions, "attention": record.attention}
             pass_log_cache.put(ghash, self.state.pass_uuid, entry)
+        if self.state.config.sequence_parallel and record.passes_known:
+            _check_every_attention_split(self.region, record)
         self.state.records.append(record)
         logger.info("compiled %s in %.2fs%s", label, record.seconds, " (cache hit)" if record.cache_hit else "")
         if self.state.on_region_compiled:
             self.state.on_region_compiled(record)
         return compiled
+
+
+def _check_every_attention_split(region: Region, record: RegionCompile) -> None:
+    """Under sequence parallelism each attention module of the block must have become Ulysses attention: one the
+    attention pass did not see (computed without SDPA: a kernel called directly, an explicit softmax Inductor did
+    not recognise) would attend to one rank's share of the tokens."""
+    from omni_compile.parallel.plan import attention_heads
+
+    modules = len(attention_heads(region.instances[0][1]))
+    calls = sum(int(r.get("count", 0)) for r in record.attention.values())
+    if calls < modules:
+        raise ConfigError(f"sequence parallelism: a {region.name} holds {modules} attention module(s) but its graph has "
+                          f"{calls} attention call(s) the attention pass could split; the others would attend to "
+                          "one rank's tokens only. Run this model in one process (parallel ulysses=1)")  # fmt: skip
 
 
 class RegionForward:

@@ -110,6 +110,46 @@ def test_an_attention_call_that_cannot_be_split_stops_the_compile(fresh_dynamo):
                         "(key-padding); run this model in one process (parallel ulysses=1)")  # fmt: skip
 
 
+class _SoftCapAttention(torch.nn.Module):
+    """An attention module (heads, a processor) that computes its scores its own way: soft-capped, no SDPA."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads, self.processor = 2, None
+        self.proj = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = (t.unflatten(-1, (2, 8)).transpose(1, 2) for t in self.proj(x).chunk(3, -1))
+        scores = torch.tanh(q @ k.transpose(-1, -2) / 30) * 30
+        return (scores.softmax(-1) @ v).transpose(1, 2).flatten(2)
+
+
+class _SoftCapBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _SoftCapAttention()
+
+    def forward(self, x):
+        return x + self.attn(x)
+
+
+@pytest.mark.compile
+def test_an_attention_the_pass_cannot_see_stops_the_compile(fresh_dynamo):
+    """Attention computed without SDPA reaches no Ulysses op: under sequence parallelism the region's compile
+    counts the block's attention modules against the calls the pass split and stops."""
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList(_SoftCapBlock() for _ in range(2))
+    model.forward = lambda x: model.blocks[1](model.blocks[0](x))
+    omni_compile.compile(model, omni_compile.CompileConfig(sequence_parallel=True))
+    with pytest.raises(Exception) as e, torch.no_grad():
+        model(torch.randn(1, 6, 16))
+    err = find_user_error(e.value)
+    assert isinstance(err, ConfigError), e.value
+    assert str(err) == ("sequence parallelism: a _SoftCapBlock holds 1 attention module(s) but its graph has 0 "
+                        "attention call(s) the attention pass could split; the others would attend to one rank's "
+                        "tokens only. Run this model in one process (parallel ulysses=1)")  # fmt: skip
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("model,shape,regions,attention_calls", [("flux-tiny", "64x64", 2, 4), ("wan-tiny", "64x64x5", 1, 4)])
 @pytest.mark.parametrize("ranks", [2, 4])
