@@ -77,17 +77,11 @@ class ParallelState:
     rank: int
     world_size: int
     sp_group: object  # the ProcessGroup of this rank's sequence-parallel ranks
-    sp_rank: int
     device_type: str
     mesh: object = None  # the DeviceMesh ("ring", "ulysses") of the sequence-parallel ranks
 
 
 _STATE: ParallelState | None = None
-
-
-def current() -> ParallelState | None:
-    """The state `init_parallel` made in this process, or None (one process)."""
-    return _STATE
 
 
 def sp_group():
@@ -130,12 +124,6 @@ def init_parallel(config: ParallelConfig, device_type: str = "cpu") -> ParallelS
     # diffusers' context-parallel hooks read this mesh's layout (a ring dimension, unused here, and the ulysses one)
     mesh = init_device_mesh(device_type, (1, config.ulysses), mesh_dim_names=("ring", "ulysses"))
     group = mesh["ulysses"].get_group()
-    _STATE = ParallelState(config=config, rank=rank, world_size=world, sp_group=group,
-                           sp_rank=dist.get_rank(group), device_type=device_type, mesh=mesh)  # fmt: skip
+    _STATE = ParallelState(config=config, rank=rank, world_size=world, sp_group=group, device_type=device_type,
+                           mesh=mesh)  # fmt: skip
     return _STATE
-
-
-def reset_parallel() -> None:
-    """Forget the groups (the process group itself is the caller's: `torch.distributed.destroy_process_group`)."""
-    global _STATE
-    _STATE = None
