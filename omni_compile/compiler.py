@@ -322,7 +322,6 @@ def compile(
     platform = current_platform(_model_device(model))
     parallel_state, plan = None, None
     if parallel is not None:
-        import omni_compile.parallel.ulysses  # noqa: F401  (the op, which code from Inductor's cache calls)
         from omni_compile.parallel import ParallelConfig, init_parallel
         from omni_compile.parallel.plan import check_splittable
 

@@ -279,6 +279,8 @@ class AttentionPass(OmniPass):
         self.role_of = role_of or (lambda path: path or "default")
         # every call becomes Ulysses attention over the sequence-parallel group (omni_compile.parallel)
         self.sequence_parallel = sequence_parallel
+        if sequence_parallel:  # its op, which code from Inductor's cache calls without this pass running
+            import omni_compile.parallel.ulysses  # noqa: F401
         if platform is not None:
             check_explicit_choices(self.config, platform)
         self.resolutions: dict[str, dict] = {}

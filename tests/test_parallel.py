@@ -56,6 +56,17 @@ def test_a_model_the_ranks_cannot_split_is_refused_before_any_process_group(monk
     assert not dist.is_initialized() and getattr(model, "_omni_compile", None) is None
 
 
+def test_the_ulysses_op_is_registered_before_inductor_cache_hits_call_it(subprocess_env):
+    """A region compiled for sequence parallelism whose code comes from Inductor's cache calls the op without the
+    attention pass running (the reversed-order suite met that): making the pass registers it."""
+    code = ("import torch; from omni_compile.passes.attention import AttentionPass; "
+            "assert not hasattr(torch.ops.omni_compile, 'ulysses_attention'); AttentionPass(sequence_parallel=True); "
+            "print(torch.ops.omni_compile.ulysses_attention.default)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0 and "omni_compile.ulysses_attention.default" in proc.stdout, proc.stderr[-2000:]
+
+
 @pytest.mark.compile
 def test_sequence_parallel_regions_in_one_process_are_the_attention(fresh_dynamo):
     """Without a process group the Ulysses op is the backend's attention: every call of the region goes through it

@@ -735,9 +735,11 @@ LAYER_KERNEL = register(
             supports=layer_supports_pair,
         ),
         # measured alone on an H100 (run 25a): rotate-half tables 2.65x Inductor's code (CogView4's q), per-element
-        # tables 0.83x (HunyuanDiT's, head size 88); its parity inside a compiled model on a GPU is not checked yet
+        # tables 0.83x (HunyuanDiT's, head size 88); inside a compiled model on a GPU it passed for HunyuanDiT, and
+        # is not yet checked for the form it is faster on
         auto_on=(),
-        manual_reason="its LayerNorm form is not yet checked inside a compiled model on a GPU",
+        manual_reason="its LayerNorm form is not yet checked inside a compiled model on a GPU for rotate-half tables, "
+        "the form it is faster on",
         description="Triton kernel (the rms_norm_rope kernel's LayerNorm form), embedded in Inductor's generated code",
     )
 )
