@@ -41,9 +41,10 @@ def check_splittable(model: nn.Module, n: int, plan: dict | None = None) -> dict
     """The plan, after checking that `n` ranks can split this model: it has a plan and `n` divides the head count
     of every attention module (each rank attends with H/n heads)."""
     plan = model_plan(model, plan)
-    bad = sorted({h for h in attention_heads(model).values() if h % n})
+    heads = set(attention_heads(model).values())
+    bad = sorted(h for h in heads if h % n)
     if bad:
-        ok = sorted({d for d in range(1, max(bad) + 1) if all(h % d == 0 for h in attention_heads(model).values())})
+        ok = [d for d in range(1, max(bad) + 1) if all(h % d == 0 for h in heads)]
         raise ConfigError(f"ulysses={n} splits the heads of each attention over {n} ranks, but "
                           f"{type(model).__name__} has attention modules of {', '.join(map(str, bad))} heads; "
                           f"choose a degree that divides every head count ({', '.join(map(str, ok))})")  # fmt: skip
