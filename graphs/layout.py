@@ -36,6 +36,18 @@ def on_device(t: Any, device: torch.device | None) -> Any:
     return t
 
 
+def region_call(args: tuple, kwargs: dict, device: torch.device | None, canonicalize: bool = True) -> tuple[tuple, dict]:
+    """What a region receives for one call, as the JIT path and artifacts both give it: CPU tensors moved to the
+    block's `device` (`on_device`), then, with `canonicalize`, size-1 dims given canonical strides
+    (`canonical_layout`: one signature per layout)."""
+    args = tuple(on_device(a, device) for a in args)
+    kwargs = {k: on_device(v, device) for k, v in kwargs.items()}
+    if canonicalize:
+        args = tuple(canonical_layout(a) for a in args)
+        kwargs = {k: canonical_layout(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
 def module_device(module: torch.nn.Module) -> torch.device | None:
     """The device of `module`'s first parameter or buffer (None for a module without tensors)."""
     for t in module.parameters():

@@ -30,7 +30,7 @@ from omni_compile.counters import counters
 from omni_compile.errors import ConfigError
 from omni_compile.graphs import Region, find_regions, graph_hash, input_signature
 from omni_compile.graphs.hashing import dump_graph
-from omni_compile.graphs.layout import canonical_layout, module_device, on_device
+from omni_compile.graphs.layout import module_device, region_call
 from omni_compile.passes import PassLog, PassManager
 from omni_compile.platform import Platform, current_platform
 
@@ -240,12 +240,7 @@ class RegionForward:
         self.canonicalize = canonicalize
 
     def __call__(self, *args, **kwargs):
-        device = module_device(self.module)  # CPU tensors given to a block on a GPU go there first
-        args = tuple(on_device(a, device) for a in args)
-        kwargs = {k: on_device(v, device) for k, v in kwargs.items()}
-        if self.canonicalize:
-            args = tuple(canonical_layout(a) for a in args)
-            kwargs = {k: canonical_layout(v) for k, v in kwargs.items()}
+        args, kwargs = region_call(args, kwargs, module_device(self.module), self.canonicalize)
         return self.compiled(self.module, *args, **kwargs)
 
 

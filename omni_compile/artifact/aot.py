@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from omni_compile.graphs.layout import canonical_layout, module_device, on_device
+from omni_compile.graphs.layout import module_device, region_call
 
 if TYPE_CHECKING:  # build-time only: loading an artifact (the server's start) does not import the passes
     from omni_compile.graphs.trace import OpTrace
@@ -41,10 +41,8 @@ logger = logging.getLogger("omni_compile.artifact")
 
 
 def canonical_call(args: tuple, kwargs: dict, device: torch.device | None = None) -> tuple[tuple, dict]:
-    """Size-1 dims get canonical strides (free views), as the JIT path does: one signature per layout; CPU tensors
-    given to a block on `device` are moved there first (`on_device`)."""
-    return (tuple(canonical_layout(on_device(a, device)) for a in args),
-            {k: canonical_layout(on_device(v, device)) for k, v in kwargs.items()})  # fmt: skip
+    """What the region receives, as the JIT path gives it (`graphs.layout.region_call`): one signature per layout."""
+    return region_call(args, kwargs, device)
 
 
 def call_key(args: tuple, kwargs: dict) -> tuple:
